@@ -1,0 +1,130 @@
+# ngx_omni -- build, test, run, bench.
+#
+#   make            build/omni-engine
+#   make test       install test dependencies, build, run every test (prove)
+#   make run        install what is missing, build, serve the default model
+#   make bench      benchmarks against llama.cpp; JSON in build/bench/
+#   make fuzz       build the libFuzzer targets (clang)
+#   make deps       install the Debian packages the build needs
+#
+# Everything builds into build/. The sanitizer build of the unit tests lives
+# in build/asan/.
+
+CC        ?= gcc
+BUILD     := build
+OPT       ?= -O2
+CFLAGS    := -std=c11 $(OPT) -g -Wall -Wextra -Werror -Wshadow \
+             -Wno-unused-parameter -D_GNU_SOURCE -pthread \
+             -Iengine -Ikernels -Ikernels/cpu
+LDLIBS    := -lpcre2-8 -lm -pthread
+
+# Per-ISA kernel files get their instruction set; the dispatcher picks one at
+# run time, so the binary runs on any x86-64.
+ISA_avx2   := -mavx2 -mfma -mf16c
+ISA_avx512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni \
+              -mavx2 -mfma -mf16c
+
+# The SIMD kernel sets exist for x86-64 only; elsewhere the scalar set runs.
+ARCH        := $(shell uname -m)
+ISA_SRCS    := $(if $(filter x86_64,$(ARCH)),$(wildcard kernels/cpu/avx*.c))
+CFLAGS      += $(foreach f,$(ISA_SRCS),-DOMNI_HAVE_$(shell echo $(basename \
+                   $(notdir $(f))) | tr a-z A-Z))
+
+ENGINE_SRCS := $(filter-out engine/main.c,$(wildcard engine/*.c))
+KERNEL_SRCS := $(wildcard kernels/*.c) \
+               $(filter-out kernels/cpu/avx%.c,$(wildcard kernels/cpu/*.c)) \
+               $(ISA_SRCS)
+LIB_SRCS    := $(ENGINE_SRCS) $(KERNEL_SRCS)
+UNIT_SRCS   := $(wildcard t/unit/test_*.c)
+
+LIB_OBJS    := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o)
+ASAN_OBJS   := $(LIB_SRCS:%.c=$(BUILD)/asan/obj/%.o)
+UNIT_BINS   := $(UNIT_SRCS:t/unit/%.c=$(BUILD)/t/%)
+ASAN_BINS   := $(UNIT_SRCS:t/unit/%.c=$(BUILD)/asan/t/%)
+
+ASAN_FLAGS  := -fsanitize=address,undefined -fno-sanitize-recover=all \
+               -fno-omit-frame-pointer
+
+.PHONY: all test unit run bench fuzz deps test-deps clean
+.DELETE_ON_ERROR:
+
+all: $(BUILD)/omni-engine
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(ISA_$(basename $(notdir $<))) -MMD -MP -c $< -o $@
+
+$(BUILD)/asan/obj/%.o: %.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(ASAN_FLAGS) $(ISA_$(basename $(notdir $<))) -MMD -MP \
+	    -c $< -o $@
+
+$(BUILD)/libomni.a: $(LIB_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/asan/libomni.a: $(ASAN_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/omni-engine: $(BUILD)/obj/engine/main.o $(BUILD)/libomni.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/t/%: t/unit/%.c $(BUILD)/libomni.a
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -It/unit -MMD -MP -o $@ $< $(BUILD)/libomni.a \
+	    -lcmocka $(LDLIBS)
+
+$(BUILD)/asan/t/%: t/unit/%.c $(BUILD)/asan/libomni.a
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(ASAN_FLAGS) -It/unit -MMD -MP -o $@ $< \
+	    $(BUILD)/asan/libomni.a -lcmocka $(LDLIBS)
+
+unit: $(UNIT_BINS) $(ASAN_BINS)
+
+# Debian packages: build, then tests. `make deps` installs only what is
+# missing, so it is quick on a machine that has them.
+BUILD_PKGS := gcc make libpcre2-dev
+TEST_PKGS  := libcmocka-dev clang perl git npm cmake g++
+
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+# $(call apt_ensure,PKGS): apt-get update + install only when one is missing
+define apt_ensure
+@missing=$$(for p in $(1); do \
+    dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' \
+    || echo $$p; done); \
+if [ -n "$$missing" ]; then \
+    echo "installing:" $$missing; \
+    $(SUDO) apt-get update -qq && \
+    DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq \
+        --no-install-recommends $$missing; \
+fi
+endef
+
+deps:
+	$(call apt_ensure,$(BUILD_PKGS))
+
+test-deps:
+	$(call apt_ensure,$(BUILD_PKGS) $(TEST_PKGS))
+
+test: test-deps
+	$(MAKE) all unit
+	t/fetch-llama-src
+	prove -v $(UNIT_BINS) $(ASAN_BINS) t/engine/*.t
+
+fuzz: $(BUILD)/fuzz/fuzz_gguf
+
+$(BUILD)/fuzz/fuzz_%: t/fuzz/fuzz_%.c $(LIB_SRCS)
+	@mkdir -p $(@D)
+	clang -std=c11 -O1 -g -D_GNU_SOURCE -Iengine -Ikernels -Ikernels/cpu \
+	    -fsanitize=fuzzer,address,undefined -o $@ $< $(ENGINE_SRCS) \
+	    kernels/dtype.c -lpcre2-8 -lm
+
+bench: deps all
+	bench/run
+
+clean:
+	rm -rf $(BUILD)
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,109 @@
+/* dtype.c -- type facts, reference quantizers and row conversion. The
+ * quantizers follow ggml's reference rounding, so files written by
+ * make-model hold the blocks llama.cpp's own quantizer would produce. */
+
+#include <math.h>
+
+#include "dtype.h"
+
+bool dtype_supported(uint32_t type) {
+    return type == DT_F32 || type == DT_F16 || type == DT_BF16
+           || type == DT_Q8_0 || type == DT_Q4_0;
+}
+
+const char *dtype_name(DType t) {
+    switch (t) {
+    case DT_F32:  return "f32";
+    case DT_F16:  return "f16";
+    case DT_BF16: return "bf16";
+    case DT_Q8_0: return "q8_0";
+    case DT_Q4_0: return "q4_0";
+    }
+    return "unknown";
+}
+
+int64_t dtype_block(DType t) {
+    return t == DT_Q8_0 || t == DT_Q4_0 ? QK : 1;
+}
+
+size_t dtype_row_bytes(DType t, int64_t n) {
+    switch (t) {
+    case DT_F32:  return (size_t) n * 4;
+    case DT_F16:
+    case DT_BF16: return (size_t) n * 2;
+    case DT_Q8_0: return (size_t) (n / QK) * sizeof(BlockQ8_0);
+    case DT_Q4_0: return (size_t) (n / QK) * sizeof(BlockQ4_0);
+    }
+    return 0;
+}
+
+void quantize_row_q8_0_ref(const float *x, BlockQ8_0 *y, int64_t k) {
+    for (int64_t b = 0; b < k / QK; b++, x += QK) {
+        float amax = 0.0f, d, id;
+
+        for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(x[j]));
+        d = amax / 127.0f;
+        id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[b].d = f32_to_f16(d);
+        for (int j = 0; j < QK; j++) y[b].qs[j] = (int8_t) roundf(x[j] * id);
+    }
+}
+
+void quantize_row_q4_0_ref(const float *x, BlockQ4_0 *y, int64_t k) {
+    for (int64_t b = 0; b < k / QK; b++, x += QK) {
+        float amax = 0.0f, max = 0.0f, d, id;
+
+        /* the signed value of largest magnitude maps to -8, so the full
+           range -8..7 is used on the side that needs it */
+        for (int j = 0; j < QK; j++) {
+            if (fabsf(x[j]) > amax) {
+                amax = fabsf(x[j]);
+                max = x[j];
+            }
+        }
+        d = max / -8.0f;
+        id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[b].d = f32_to_f16(d);
+        for (int j = 0; j < QK / 2; j++) {
+            int q0 = (int) (x[j] * id + 8.5f);
+            int q1 = (int) (x[j + QK / 2] * id + 8.5f);
+
+            q0 = q0 > 15 ? 15 : q0;
+            q1 = q1 > 15 ? 15 : q1;
+            y[b].qs[j] = (uint8_t) (q0 | (q1 << 4));
+        }
+    }
+}
+
+void dequantize_row(DType t, const void *row, float *out, int64_t n) {
+    const uint16_t  *h = row;
+    const BlockQ8_0 *q8 = row;
+    const BlockQ4_0 *q4 = row;
+
+    switch (t) {
+    case DT_F32:
+        memcpy(out, row, (size_t) n * 4);
+        return;
+    case DT_F16:
+        for (int64_t i = 0; i < n; i++) out[i] = f16_to_f32(h[i]);
+        return;
+    case DT_BF16:
+        for (int64_t i = 0; i < n; i++) out[i] = bf16_to_f32(h[i]);
+        return;
+    case DT_Q8_0:
+        for (int64_t b = 0; b < n / QK; b++) {
+            float d = f16_to_f32(q8[b].d);
+            for (int j = 0; j < QK; j++) out[b * QK + j] = d * q8[b].qs[j];
+        }
+        return;
+    case DT_Q4_0:
+        for (int64_t b = 0; b < n / QK; b++) {
+            float d = f16_to_f32(q4[b].d);
+            for (int j = 0; j < QK / 2; j++) {
+                out[b * QK + j] = d * ((q4[b].qs[j] & 0x0f) - 8);
+                out[b * QK + j + QK / 2] = d * ((q4[b].qs[j] >> 4) - 8);
+            }
+        }
+        return;
+    }
+}

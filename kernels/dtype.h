@@ -1,0 +1,112 @@
+/* dtype.h -- the weight types the kernels run, their block layouts, and
+ * scalar conversions.
+ *
+ * Type ids are ggml's, so a GGUF tensor's type field maps to DType directly.
+ * Quantized types store blocks of 32 weights with one f16 scale:
+ *
+ *   Q8_0: w = d * q,        q int8                      (34 bytes / 32)
+ *   Q4_0: w = d * (q - 8),  q in 0..15, two per byte:   (18 bytes / 32)
+ *         byte j holds element j (low nibble) and element j+16 (high).
+ *
+ * The scalar f16/bf16 conversions here are exact (round to nearest even)
+ * and are the reference the SIMD paths are tested against. */
+
+#ifndef OMNI_DTYPE_H
+#define OMNI_DTYPE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef enum {
+    DT_F32  = 0,
+    DT_F16  = 1,
+    DT_Q4_0 = 2,
+    DT_Q8_0 = 8,
+    DT_BF16 = 30,
+} DType;
+
+#define QK 32                       // elements per quantized block
+
+typedef struct {
+    uint16_t d;                     // f16 scale
+    int8_t   qs[QK];
+} BlockQ8_0;
+
+typedef struct {
+    uint16_t d;                     // f16 scale
+    uint8_t  qs[QK / 2];
+} BlockQ4_0;
+
+_Static_assert(sizeof(BlockQ8_0) == 34, "Q8_0 block must be 34 bytes");
+_Static_assert(sizeof(BlockQ4_0) == 18, "Q4_0 block must be 18 bytes");
+
+/* True for the ggml type ids in DType. */
+bool        dtype_supported(uint32_t type);
+const char *dtype_name(DType t);
+/* Bytes of a row of n elements (n a multiple of the block size). */
+size_t      dtype_row_bytes(DType t, int64_t n);
+/* Elements per block: 1 or QK. */
+int64_t     dtype_block(DType t);
+
+static inline uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static inline float f32_from_bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t) (h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+
+    if (exp == 0x1f) return f32_from_bits(sign | 0x7f800000 | (man << 13));
+    if (exp != 0) return f32_from_bits(sign | ((exp + 112) << 23) | (man << 13));
+    if (man == 0) return f32_from_bits(sign);
+    /* subnormal: value = man * 2^-24, exact in f32 */
+    return (sign ? -1.0f : 1.0f) * (float) man * 5.9604644775390625e-8f;
+}
+
+static inline uint16_t f32_to_f16(float f) {
+    uint32_t u = f32_bits(f), sign = (u >> 16) & 0x8000;
+    uint32_t a = u & 0x7fffffff;
+
+    if (a >= 0x7f800000) {                       /* inf or nan */
+        return (uint16_t) (sign | 0x7c00 | (a > 0x7f800000 ? 0x200 : 0));
+    }
+    if (a >= 0x477ff000) return (uint16_t) (sign | 0x7c00);   /* overflow */
+    if (a < 0x38800000) {                        /* subnormal or zero */
+        /* adding 0.5 makes the FPU round to 2^-24 units (nearest even);
+           a carry into bit 10 is the smallest normal, which is right */
+        float s = f32_from_bits(a) + 0.5f;
+        return (uint16_t) (sign | (f32_bits(s) - 0x3f000000));
+    }
+    /* normal: rebias and round to nearest even on the 13 dropped bits */
+    a += ((uint32_t) (15 - 127) << 23) + 0xfff + ((a >> 13) & 1);
+    return (uint16_t) (sign | (a >> 13));
+}
+
+static inline float bf16_to_f32(uint16_t h) {
+    return f32_from_bits((uint32_t) h << 16);
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u = f32_bits(f);
+
+    if ((u & 0x7fffffff) > 0x7f800000) return (uint16_t) ((u >> 16) | 64);
+    return (uint16_t) ((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
+/* Reference quantizers (ggml's rounding), used to write model files. */
+void quantize_row_q8_0_ref(const float *x, BlockQ8_0 *y, int64_t k);
+void quantize_row_q4_0_ref(const float *x, BlockQ4_0 *y, int64_t k);
+/* Converts a row of n elements of type t to f32. */
+void dequantize_row(DType t, const void *row, float *out, int64_t n);
+
+#endif

@@ -1,0 +1,137 @@
+/* kernels.h -- the compute backend seam: every operation the model's forward
+ * pass needs, as one table of function pointers.
+ *
+ * model.c sees only this header. A backend (kernels/cpu/, later
+ * kernels/cuda/) fills a Backend at creation; the model calls through it.
+ * Shapes are given as (rows, cols) with cols contiguous, rows of a batch of
+ * n tokens one after another.
+ *
+ * Contract shared by every op: results for one token never depend on which
+ * other tokens are in the same call, nor on the thread count. Every output
+ * element is computed by one fixed sequence of floating-point operations
+ * (batch-invariant accumulation order), so a sequence decodes to the same
+ * tokens alone or batched with 63 others. The kernel tests check this
+ * bit for bit.
+ *
+ * The KV cache is paged: keys and values of a layer live in fixed-size
+ * blocks of block_size tokens; a sequence owns a block table mapping its
+ * logical block i (positions i*block_size ...) to a physical block. The
+ * attention op reads through that table, so sequences of any length share
+ * one pool without copying. */
+
+#ifndef OMNI_KERNELS_H
+#define OMNI_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dtype.h"
+
+/* A weight matrix, viewed in place (no dequantized copy is ever made). */
+typedef struct {
+    DType       type;
+    int64_t     rows;       // output features (ggml ne[1])
+    int64_t     cols;       // input features, the row length (ggml ne[0])
+    size_t      row_bytes;  // stride between rows
+    const void *data;       // (rows, row_bytes), borrowed: a view into the
+                            // mmapped GGUF
+} Matrix;
+
+/* One layer's share of the paged KV cache. */
+typedef struct {
+    int       n_kv_heads;
+    int       head_dim;
+    int       block_size;   // tokens per block
+    int64_t   n_blocks;
+    uint16_t *k;            // (n_blocks, n_kv_heads, block_size, head_dim)
+    uint16_t *v;            //   f16, both owned by the KV cache
+} KVLayer;
+
+/* Where each token of a batch sits: its position and its sequence's block
+ * table. Tokens of one sequence appear in position order. */
+typedef struct {
+    int64_t          n;             // tokens in the batch
+    const int32_t   *pos;           // (n,) position in its sequence
+    const int32_t  **block_table;   // (n,) borrowed; logical -> physical
+} TokenBatch;
+
+typedef enum {
+    ROPE_NORM = 0,          // rotate adjacent pairs (x[2i], x[2i+1]): llama
+    ROPE_NEOX = 2,          // rotate halves (x[i], x[i+n_rot/2]): qwen2
+} RopeMode;
+
+typedef struct {
+    RopeMode     mode;
+    int          n_rot;         // dimensions rotated per head (<= head_dim)
+    float        freq_base;     // theta base, 10000 unless the model says
+    float        freq_scale;    // linear position scaling, 1 = none
+    const float *freq_factors;  // (n_rot/2,) or NULL: per-frequency divisors
+                                // (llama 3.1 rope_freqs), borrowed
+} RopeParams;
+
+typedef struct Backend Backend;
+
+struct Backend {
+    const char *name;           // "cpu-avx512", "cpu-avx2", "cpu-ref", ...
+    void       *ctx;            // backend state, owned
+
+    /* out (n, dim) = rows tokens[i] of table, converted to f32. */
+    void (*embed)(Backend *be, float *out, const Matrix *table,
+                  const int32_t *tokens, int64_t n);
+
+    /* out (n, dim) = x / sqrt(mean(x^2) + eps) * weight, per row; out may
+     * equal x. */
+    void (*rmsnorm)(Backend *be, float *out, const float *x,
+                    const float *weight, int64_t n, int64_t dim, float eps);
+
+    /* out (n, w->rows) = x (n, w->cols) . w^T. out and x do not overlap. */
+    void (*matmul)(Backend *be, float *out, const float *x, int64_t n,
+                   const Matrix *w);
+
+    /* x (n, dim) += bias (dim,) on every row. */
+    void (*add_bias)(Backend *be, float *x, const float *bias, int64_t n,
+                     int64_t dim);
+
+    /* x (n, dim) += y (n, dim): the residual connection. */
+    void (*add)(Backend *be, float *x, const float *y, int64_t n,
+                int64_t dim);
+
+    /* Rotates x (n, n_heads, head_dim) in place by each token's position. */
+    void (*rope)(Backend *be, float *x, int64_t n, int n_heads, int head_dim,
+                 const int32_t *pos, const RopeParams *p);
+
+    /* Stores k, v (n, n_kv_heads * head_dim) into kv at each token's slot. */
+    void (*kv_store)(Backend *be, const KVLayer *kv, const float *k,
+                     const float *v, const TokenBatch *b);
+
+    /* Causal attention. For each token t and head h: out[t][h] =
+     * softmax(scale * q[t][h] . K[0..pos[t]]) . V[0..pos[t]], reading K and
+     * V of kv head h / (n_heads / n_kv_heads) through t's block table.
+     * q, out: (n, n_heads * head_dim). kv_store for the batch comes first. */
+    void (*attention)(Backend *be, float *out, const float *q, int n_heads,
+                      const KVLayer *kv, const TokenBatch *b, float scale);
+
+    /* out (n,) = silu(gate) * up, elementwise; out may equal gate. */
+    void (*swiglu)(Backend *be, float *out, const float *gate,
+                   const float *up, int64_t n);
+
+    /* Releases the backend and its ctx. */
+    void (*free)(Backend *be);
+};
+
+/* Sizes a backend preallocates for, so that no op allocates. */
+typedef struct {
+    int         n_threads;  // workers incl. the caller; 0: one per core
+    const char *isa;        // "auto" (best this CPU has), "avx512", "avx2"
+                            // or "ref" (scalar, for tests); NULL = "auto"
+    int64_t     max_tokens; // most tokens in one call
+    int64_t     max_cols;   // longest matrix row (input features)
+    int64_t     max_ctx;    // longest sequence attention reads
+} BackendConfig;
+
+/* Creates the CPU backend. Returns NULL with err set (errlen bytes) when the
+ * CPU lacks the requested ISA or memory runs out. */
+Backend *backend_cpu_new(const BackendConfig *cfg, char *err, size_t errlen);
+
+#endif
