@@ -85,7 +85,9 @@ unit: $(UNIT_BINS) $(ASAN_BINS)
 # Debian packages: build, then tests. `make deps` installs only what is
 # missing, so it is quick on a machine that has them.
 BUILD_PKGS := gcc make libpcre2-dev
-TEST_PKGS  := libcmocka-dev clang perl git npm cmake g++
+TEST_PKGS  := libcmocka-dev clang perl git ca-certificates \
+              $(if $(shell command -v npm),,npm)
+BENCH_PKGS := cmake g++ git ca-certificates $(if $(shell command -v npm),,npm)
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
@@ -121,7 +123,8 @@ $(BUILD)/fuzz/fuzz_%: t/fuzz/fuzz_%.c $(LIB_SRCS)
 	    -fsanitize=fuzzer,address,undefined -o $@ $< $(ENGINE_SRCS) \
 	    kernels/dtype.c -lpcre2-8 -lm
 
-bench: deps all
+bench: all
+	$(call apt_ensure,$(BENCH_PKGS))
 	bench/run
 
 clean:

@@ -699,6 +699,11 @@ uint64_t gguf_writer_tensor(GGUFWriter *w, const char *name, uint32_t type,
     return nbytes;
 }
 
+/* fwrite that accepts an empty (possibly NULL) buffer. */
+static int write_all(FILE *f, const void *p, size_t n) {
+    return n == 0 || fwrite(p, 1, n, f) == n ? 0 : -1;
+}
+
 static int write_pad(FILE *f, uint64_t n) {
     static const uint8_t zeros[GGUF_DEFAULT_ALIGN];
 
@@ -715,8 +720,8 @@ int gguf_writer_write_header(GGUFWriter *w, FILE *f, Err *err) {
         || fwrite(&version, 4, 1, f) != 1
         || fwrite(&w->n_tensors, 8, 1, f) != 1
         || fwrite(&w->n_kv, 8, 1, f) != 1
-        || fwrite(w->buf, 1, w->len, f) != w->len
-        || fwrite(w->tinfo, 1, w->tinfo_len, f) != w->tinfo_len
+        || write_all(f, w->buf, w->len) != 0
+        || write_all(f, w->tinfo, w->tinfo_len) != 0
         || write_pad(f, align_up(hdr_len, GGUF_DEFAULT_ALIGN) - hdr_len) != 0)
     {
         return err_set(err, "writing the GGUF header: %s", strerror(errno));
@@ -733,7 +738,7 @@ int gguf_writer_write_data(GGUFWriter *w, FILE *f, const void *data,
         return err_set(err, "more tensor data written than declared");
     }
     n = w->nbytes[w->next_data++];
-    if (fwrite(data, 1, n, f) != n
+    if (write_all(f, data, n) != 0
         || write_pad(f, align_up(n, GGUF_DEFAULT_ALIGN) - n) != 0)
     {
         return err_set(err, "writing tensor data: %s", strerror(errno));

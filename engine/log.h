@@ -14,6 +14,7 @@
 #ifndef OMNI_LOG_H
 #define OMNI_LOG_H
 
+#include <inttypes.h>
 #include <stddef.h>
 
 #define ERR_MAX 512
