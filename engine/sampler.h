@@ -4,11 +4,17 @@
  *   logit bias -> repetition penalties (presence, frequency) -> greedy if
  *   temperature == 0 -> top-k -> top-p -> min-p -> temperature -> softmax ->
  *   draw with the sequence's own RNG.
- * Same parameters and seed, same logits: same token, on any machine.
+ * top-p and min-p look at the probabilities *before* temperature, as in
+ * llama.cpp; temperature only reshapes what survives them.
+ * Same parameters and seed, same logits: same token, on any machine with
+ * the same libm (expf and logf are the only calls whose last bit could
+ * differ between C libraries).
  *
  * A Sampler is one sequence's state: its RNG, the counts of tokens it has
  * generated (for penalties) and scratch sized to the vocabulary at init, so
- * sampling never allocates. */
+ * sampling never allocates. Each non-greedy sample draws exactly one number
+ * from the RNG, so the stream position depends only on how many tokens were
+ * sampled, not on how many candidates survived. */
 
 #ifndef OMNI_SAMPLER_H
 #define OMNI_SAMPLER_H
@@ -26,19 +32,16 @@ typedef struct {
 } LogitBias;
 
 typedef struct {
-    float      temperature;     // 0 = greedy (argmax, lowest id on ties)
-    int32_t    top_k;           // 0 = off
-    float      top_p;           // 1 = off
-    float      min_p;           // 0 = off
+    float      temperature;     // 0..2; 0 = greedy (argmax, lowest id on ties)
+    int32_t    top_k;           // >= 0; 0 = off
+    float      top_p;           // (0, 1]; 1 = off
+    float      min_p;           // [0, 1]; 0 = off
     uint64_t   seed;
     float      presence_penalty;    // -2..2, subtracted once per seen token
     float      frequency_penalty;   // -2..2, times the token's count
     int32_t    n_bias;
     LogitBias  bias[SAMPLER_MAX_BIAS];
 } SamplerParams;
-
-/* Fills p with the defaults: temperature 1, top_p 1, others off, seed 0. */
-void sampler_params_default(SamplerParams *p);
 
 typedef struct {
     SamplerParams  p;
@@ -48,20 +51,48 @@ typedef struct {
                                 //   owned
     int32_t       *seen;        // (n_vocab,) tokens with counts > 0, owned
     int32_t        n_seen;
-    int32_t       *idx;         // (n_vocab,) candidate scratch, owned
-    float         *prob;        // (n_vocab,) candidate scratch, owned
+    int32_t       *idx;         // (n_vocab,) candidate token ids, owned
+    float         *prob;        // (n_vocab,) candidate weights, owned
 } Sampler;
 
-/* Checks p (ranges, bias token ids) against n_vocab and allocates the
- * scratch. Returns -1 with err naming the bad parameter. */
+/* Fills p with the defaults: temperature 1, top_p 1, others off, seed 0.
+ * Can't fail. */
+void    sampler_params_default(SamplerParams *p);
+
+/* Checks p against n_vocab, allocates the scratch (16 bytes per vocabulary
+ * entry) and seeds the RNG. Returns 0, or -1 with err set: a bad parameter
+ * is named as the OpenAI API names it ("top_p: must be in (0, 1], got 0"),
+ * and an allocation failure says so. On failure s owns nothing. The caller
+ * owns s and releases it with sampler_free(). p is copied. */
 int     sampler_init(Sampler *s, const SamplerParams *p, int32_t n_vocab,
                      Err *err);
+
+/* Gives an initialised Sampler new parameters for a new sequence without
+ * allocating: checks p as sampler_init() does, then resets (RNG reseeded
+ * from p->seed, counts cleared). On error (-1, err set) s is unchanged. This
+ * lets the scheduler allocate one Sampler per slot at startup. */
+int     sampler_set_params(Sampler *s, const SamplerParams *p, Err *err);
+
+/* Frees the scratch; s may then be initialised again. Safe on a zeroed or
+ * already freed Sampler. */
 void    sampler_free(Sampler *s);
-/* Restarts the sequence: same parameters, RNG reseeded, counts cleared. */
+
+/* Restarts the sequence: same parameters, RNG reseeded, counts cleared.
+ * O(tokens seen). Can't fail. */
 void    sampler_reset(Sampler *s);
-/* Picks a token; logits (n_vocab,) are modified in place. Can't fail. */
+
+/* Picks a token; logits (n_vocab,) are modified in place (bias and
+ * penalties are added to them). Never allocates. Greedy is one pass; top-k
+ * a bounded heap, O(n_vocab log k) at worst; top-p without top-k a bucket
+ * pass plus a sort of the one bucket at the nucleus edge; a plain draw one
+ * expf per token (~0.15 ms greedy, ~0.2 ms top-k 40, ~0.8 ms full softmax
+ * at 150k tokens on one core). Can't fail: the result is always a valid
+ * token id, the lowest-id best logit when the logits are degenerate (all
+ * -inf). */
 int32_t sampler_sample(Sampler *s, float *logits);
-/* Records a generated token for the penalties. */
+
+/* Records a generated token for the penalties. Ids outside the vocabulary
+ * are ignored. Can't fail. */
 void    sampler_accept(Sampler *s, int32_t token);
 
 #endif

@@ -1,0 +1,73 @@
+/* generate.h -- one sequence, start to finish: the runner behind the
+ * `generate` CLI and the single-stream benchmarks.
+ *
+ * A Generator owns a KV cache for one sequence of up to n_ctx tokens, the
+ * activations for prefill chunks of max_batch tokens, a sampler, and text
+ * scratch, allocated in gen_init; gen_run allocates only its sampler's
+ * scratch, once, before the first token.
+ * gen_run prefills the prompt in chunks, then decodes token by token:
+ * sample -> end-of-generation check -> detokenize (whole UTF-8 characters)
+ * -> stop strings -> emit, until a stop, EOS or the token limit. The
+ * serving scheduler batches many sequences instead; this is the reference
+ * it must agree with. */
+
+#ifndef OMNI_GENERATE_H
+#define OMNI_GENERATE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kernels.h"
+#include "kv_cache.h"
+#include "log.h"
+#include "model.h"
+#include "sampler.h"
+#include "stop.h"
+#include "tokenizer.h"
+
+typedef struct {
+    int64_t        max_tokens;      // tokens to generate at most
+    SamplerParams  sampling;
+    const char    *stop[STOP_MAX];  // stop strings, borrowed
+    int            n_stop;
+} GenParams;
+
+typedef struct {
+    int64_t     n_prompt;
+    int64_t     n_gen;
+    double      t_prefill;          // seconds to the first token's logits
+    double      t_decode;           // seconds for the remaining tokens
+    const char *finish;             // "stop" or "length"
+} GenStats;
+
+/* Receives generated text as it is produced; nonzero return cancels. */
+typedef int (*GenEmitFn)(void *ud, const char *text, size_t len);
+
+typedef struct {
+    const Model     *m;             // borrowed
+    const Tokenizer *tk;            // borrowed
+    Backend         *be;            // borrowed
+    int64_t          n_ctx;
+    int64_t          max_batch;
+    KVCache          kv;
+    RunState         rs;
+    int32_t         *block_table;   // (n_ctx / block_size,), owned
+    int32_t         *pos;           // (max_batch,), owned
+    const int32_t  **tables;        // (max_batch,), owned
+    char            *text;          // text scratch, owned
+    size_t           text_cap;
+} Generator;
+
+/* Sets up for sequences of up to n_ctx tokens (prompt + output), prefilled
+ * max_batch tokens at a time. */
+int  gen_init(Generator *g, const Model *m, const Tokenizer *tk, Backend *be,
+              int64_t n_ctx, int64_t max_batch, Err *err);
+void gen_free(Generator *g);
+
+/* Generates from n_prompt prompt tokens. Errors (-1, err set): an empty or
+ * too long prompt, invalid sampling or stop parameters. */
+int  gen_run(Generator *g, const int32_t *prompt, int64_t n_prompt,
+             const GenParams *p, GenEmitFn emit, void *ud, GenStats *st,
+             Err *err);
+
+#endif

@@ -1,0 +1,513 @@
+/* main.c -- omni-engine's command line.
+ *
+ *   omni-engine generate   --model PATH --prompt TEXT [sampling options]
+ *   omni-engine tokenize   --model PATH --text TEXT [--no-bos]
+ *   omni-engine make-model --out PATH --arch A --dim D ... --vocab-from GGUF
+ *
+ * Each subcommand builds its objects in order and frees them in reverse.
+ * Every error ends the process with status 1 and one line on stderr,
+ * "omni-engine: <what went wrong>"; usage errors name the option. */
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "chat.h"
+#include "generate.h"
+#include "kernels.h"
+#include "log.h"
+#include "make_model.h"
+#include "model.h"
+#include "tokenizer.h"
+
+#define MAX_OPTS 32
+
+/* ---- Option parsing ----------------------------------------------------
+ * Options are "--name value" or boolean "--name". Each subcommand lists the
+ * options it accepts; anything else is an error naming the option. */
+
+typedef struct {
+    const char *name;
+    bool        flag;           // takes no value
+    const char *value;          // parsed value, or "1" for a set flag
+} Opt;
+
+typedef struct {
+    Opt opts[MAX_OPTS];
+    int n;
+} Opts;
+
+static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2),
+                                                     noreturn));
+
+static void die(const char *fmt, ...) {
+    va_list ap;
+
+    fputs("omni-engine: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    exit(1);
+}
+
+static void opts_parse(Opts *o, int argc, char **argv) {
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        Opt        *opt = NULL;
+
+        if (strncmp(a, "--", 2) != 0) die("unexpected argument '%s'", a);
+        for (int k = 0; k < o->n; k++) {
+            if (strcmp(o->opts[k].name, a + 2) == 0) opt = &o->opts[k];
+        }
+        if (opt == NULL) die("unknown option '%s'", a);
+        if (opt->flag) {
+            opt->value = "1";
+        } else if (i + 1 >= argc) {
+            die("option '%s' needs a value", a);
+        } else {
+            opt->value = argv[++i];
+        }
+    }
+}
+
+static const char *opt_str(const Opts *o, const char *name, const char *def) {
+    for (int k = 0; k < o->n; k++) {
+        if (strcmp(o->opts[k].name, name) == 0 && o->opts[k].value != NULL) {
+            return o->opts[k].value;
+        }
+    }
+    return def;
+}
+
+static const char *opt_need(const Opts *o, const char *name) {
+    const char *v = opt_str(o, name, NULL);
+
+    if (v == NULL) die("missing required option '--%s'", name);
+    return v;
+}
+
+static long long opt_int(const Opts *o, const char *name, long long def,
+                         long long lo, long long hi)
+{
+    const char *v = opt_str(o, name, NULL);
+    char       *end;
+    long long   x;
+
+    if (v == NULL) return def;
+    errno = 0;
+    x = strtoll(v, &end, 10);
+    if (errno != 0 || end == v || *end != '\0' || x < lo || x > hi) {
+        die("option '--%s' must be an integer in %lld..%lld, not '%s'", name,
+            lo, hi, v);
+    }
+    return x;
+}
+
+static float opt_float(const Opts *o, const char *name, float def, float lo,
+                       float hi)
+{
+    const char *v = opt_str(o, name, NULL);
+    char       *end;
+    float       x;
+
+    if (v == NULL) return def;
+    errno = 0;
+    x = strtof(v, &end);
+    if (errno != 0 || end == v || *end != '\0' || !(x >= lo && x <= hi)) {
+        die("option '--%s' must be a number in %g..%g, not '%s'", name, lo,
+            hi, v);
+    }
+    return x;
+}
+
+static long long opt_need_int(const Opts *o, const char *name, long long lo,
+                              long long hi)
+{
+    opt_need(o, name);
+    return opt_int(o, name, 0, lo, hi);
+}
+
+static bool opt_flag(const Opts *o, const char *name) {
+    return opt_str(o, name, NULL) != NULL;
+}
+
+static void opts_add(Opts *o, const char *const *names, bool flag) {
+    for (; *names != NULL; names++) {
+        o->opts[o->n].name = *names;
+        o->opts[o->n].flag = flag;
+        o->opts[o->n].value = NULL;
+        o->n++;
+    }
+}
+
+
+/* ---- Shared setup ------------------------------------------------------ */
+
+static const char *model_path(const Opts *o) {
+    const char *p = opt_str(o, "model", getenv("OMNI_MODEL"));
+
+    if (p == NULL) die("missing required option '--model' (or OMNI_MODEL)");
+    return p;
+}
+
+static void load_model(Model *m, Tokenizer **tk, const char *path) {
+    Err err;
+
+    if (model_load(m, path, &err) != 0) die("%s", err.msg);
+    *tk = tokenizer_new(&m->gguf, &err);
+    if (*tk == NULL) {
+        model_free(m);
+        die("%s: %s", path, err.msg);
+    }
+    if (tokenizer_n_vocab(*tk) != m->c.n_vocab) {
+        die("%s: the tokenizer has %d tokens but the embedding has %d rows",
+            path, tokenizer_n_vocab(*tk), m->c.n_vocab);
+    }
+}
+
+/* Encodes text, growing the buffer once if the first guess is short. */
+static int32_t *encode(const Tokenizer *tk, const char *text, bool add_special,
+                       bool parse_special, int64_t *n)
+{
+    size_t   len = strlen(text);
+    int64_t  cap = (int64_t) len + 8;
+    int32_t *ids = malloc((size_t) cap * sizeof(int32_t));
+    Err      err;
+
+    if (ids == NULL) die("out of memory");
+    *n = tokenizer_encode(tk, text, len, add_special, parse_special, ids, cap,
+                          &err);
+    if (*n > cap) {
+        cap = *n;
+        ids = realloc(ids, (size_t) cap * sizeof(int32_t));
+        if (ids == NULL) die("out of memory");
+        *n = tokenizer_encode(tk, text, len, add_special, parse_special, ids,
+                              cap, &err);
+    }
+    if (*n < 0) die("tokenizing: %s", err.msg);
+    return ids;
+}
+
+/* The prompt as one user message in the model's chat template. */
+static char *render_chat(const Model *m, const char *system, const char *user)
+{
+    GGUFStr      t = { NULL, 0 };
+    ChatTemplate tmpl;
+    ChatMsg      msgs[2];
+    int          n = 0;
+    bool         known;
+    size_t       cap = strlen(user) + (system ? strlen(system) : 0) + 256;
+    char        *buf = malloc(cap);
+    long         len;
+    Err          err;
+
+    if (buf == NULL) die("out of memory");
+    gguf_get_str(&m->gguf, "tokenizer.chat_template", &t, NULL);
+    tmpl = chat_detect(t.ptr, t.len, &known);
+    if (t.len > 0 && !known) {
+        log_msg(LOG_WARN, "unrecognised chat template, using the plain "
+                "format");
+    }
+    if (system != NULL) msgs[n++] = (ChatMsg) { "system", system };
+    msgs[n++] = (ChatMsg) { "user", user };
+    len = chat_render(tmpl, msgs, n, true, buf, cap, &err);
+    if (len >= 0 && (size_t) len >= cap) {
+        cap = (size_t) len + 1;
+        buf = realloc(buf, cap);
+        if (buf == NULL) die("out of memory");
+        len = chat_render(tmpl, msgs, n, true, buf, cap, &err);
+    }
+    if (len < 0) die("chat template: %s", err.msg);
+    return buf;
+}
+
+static Backend *make_backend(const Opts *o, const Model *m, int64_t n_ctx,
+                             int64_t batch)
+{
+    BackendConfig cfg;
+    char          err[ERR_MAX];
+    Backend      *be;
+    int64_t       wide = m->c.ffn_dim > m->c.dim ? m->c.ffn_dim : m->c.dim;
+
+    cfg.n_threads = (int) opt_int(o, "threads", 0, 0, 1024);
+    cfg.isa = opt_str(o, "isa", "auto");
+    cfg.max_tokens = batch;
+    cfg.max_cols = wide > (int64_t) m->c.n_heads * m->c.head_dim
+                   ? wide : (int64_t) m->c.n_heads * m->c.head_dim;
+    cfg.max_ctx = n_ctx;
+    be = backend_cpu_new(&cfg, err, sizeof(err));
+    if (be == NULL) die("%s", err);
+    return be;
+}
+
+
+/* ---- generate ---------------------------------------------------------- */
+
+static int emit_stdout(void *ud, const char *text, size_t len) {
+    (void) ud;
+    fwrite(text, 1, len, stdout);
+    fflush(stdout);
+    return 0;
+}
+
+static void read_sampling(const Opts *o, GenParams *gp) {
+    SamplerParams *s = &gp->sampling;
+
+    sampler_params_default(s);
+    s->temperature = opt_float(o, "temperature", 1.0f, 0.0f, 2.0f);
+    s->top_k = (int32_t) opt_int(o, "top-k", 0, 0, 1 << 30);
+    s->top_p = opt_float(o, "top-p", 1.0f, 0.0f, 1.0f);
+    s->min_p = opt_float(o, "min-p", 0.0f, 0.0f, 1.0f);
+    s->presence_penalty = opt_float(o, "presence-penalty", 0.0f, -2.0f, 2.0f);
+    s->frequency_penalty = opt_float(o, "frequency-penalty", 0.0f, -2.0f,
+                                     2.0f);
+    s->seed = (uint64_t) opt_int(o, "seed", 0, 0, INT64_MAX);
+    gp->max_tokens = opt_int(o, "max-tokens", 256, 1, 1 << 30);
+    if (opt_str(o, "stop", NULL) != NULL) {
+        gp->stop[0] = opt_str(o, "stop", NULL);
+        gp->n_stop = 1;
+    }
+}
+
+static int cmd_generate(int argc, char **argv) {
+    static const char *vals[] = {
+        "model", "prompt", "system", "max-tokens", "temperature", "seed",
+        "top-k", "top-p", "min-p", "presence-penalty", "frequency-penalty",
+        "stop", "threads", "isa", "ctx", "batch", NULL
+    };
+    static const char *flags[] = { "chat", "stats", NULL };
+    Opts       o = { .n = 0 };
+    Model      m;
+    Tokenizer *tk;
+    Backend   *be;
+    Generator  g;
+    GenParams  gp = { 0 };
+    GenStats   st;
+    Err        err;
+    int64_t    n_prompt, n_ctx, batch;
+    int32_t   *prompt;
+    char      *chat_text = NULL;
+    const char *text;
+
+    opts_add(&o, vals, false);
+    opts_add(&o, flags, true);
+    opts_parse(&o, argc, argv);
+    text = opt_need(&o, "prompt");
+    read_sampling(&o, &gp);
+    load_model(&m, &tk, model_path(&o));
+
+    if (opt_flag(&o, "chat")) {
+        chat_text = render_chat(&m, opt_str(&o, "system", NULL), text);
+        text = chat_text;
+    }
+    prompt = encode(tk, text, true, chat_text != NULL, &n_prompt);
+    n_ctx = opt_int(&o, "ctx", m.c.n_ctx < 4096 ? m.c.n_ctx : 4096, 16,
+                    m.c.n_ctx);
+    batch = opt_int(&o, "batch", 512, 1, 1 << 16);
+    be = make_backend(&o, &m, n_ctx, batch);
+    if (gen_init(&g, &m, tk, be, n_ctx, batch, &err) != 0
+        || gen_run(&g, prompt, n_prompt, &gp, emit_stdout, NULL, &st, &err)
+           != 0)
+    {
+        die("%s", err.msg);
+    }
+    if (opt_flag(&o, "stats")) {
+        fprintf(stderr, "\nomni-engine: backend %s, prompt %" PRId64
+                " tokens in %.3f s (%.1f tok/s), generated %" PRId64
+                " in %.3f s (%.2f tok/s), finish %s\n", be->name, st.n_prompt,
+                st.t_prefill, st.n_prompt / st.t_prefill, st.n_gen,
+                st.t_decode, st.n_gen > 1 ? (st.n_gen - 1) / st.t_decode : 0,
+                st.finish);
+    }
+    gen_free(&g);
+    be->free(be);
+    free(prompt);
+    free(chat_text);
+    tokenizer_free(tk);
+    model_free(&m);
+    return 0;
+}
+
+
+/* ---- tokenize ---------------------------------------------------------- */
+
+static int cmd_tokenize(int argc, char **argv) {
+    static const char *vals[] = { "model", "text", NULL };
+    static const char *flags[] = { "no-bos", "parse-special", NULL };
+    Opts       o = { .n = 0 };
+    Model      m;
+    Tokenizer *tk;
+    int64_t    n;
+    int32_t   *ids;
+
+    opts_add(&o, vals, false);
+    opts_add(&o, flags, true);
+    opts_parse(&o, argc, argv);
+    load_model(&m, &tk, model_path(&o));
+    ids = encode(tk, opt_need(&o, "text"), !opt_flag(&o, "no-bos"),
+                 opt_flag(&o, "parse-special"), &n);
+    for (int64_t i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
+    putchar('\n');
+    free(ids);
+    tokenizer_free(tk);
+    model_free(&m);
+    return 0;
+}
+
+
+/* ---- bench ------------------------------------------------------------- */
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *) a, y = *(const double *) b;
+
+    return x < y ? -1 : x > y;
+}
+
+static double median(const double *v, int n) {
+    double s[16];
+
+    memcpy(s, v, (size_t) n * sizeof(double));
+    qsort(s, (size_t) n, sizeof(double), cmp_double);
+    return n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
+}
+
+static void print_series(const char *name, int64_t n, const double *v,
+                         int reps)
+{
+    printf("\"%s\": {\"n\": %" PRId64 ", \"tokens_per_s\": [", name, n);
+    for (int i = 0; i < reps; i++) printf(i ? ", %.3f" : "%.3f", v[i]);
+    printf("], \"median\": %.3f}", median(v, reps));
+}
+
+static int cmd_bench(int argc, char **argv) {
+    static const char *vals[] = {
+        "model", "n-prompt", "n-gen", "threads", "isa", "reps", NULL
+    };
+    Opts        o = { .n = 0 };
+    Model       m;
+    Backend    *be;
+    BenchParams p;
+    BenchResult r;
+    Err         err;
+    const char *path;
+
+    opts_add(&o, vals, false);
+    opts_parse(&o, argc, argv);
+    path = model_path(&o);
+    p.n_prompt = opt_int(&o, "n-prompt", 512, 0, 1 << 16);
+    p.n_gen = opt_int(&o, "n-gen", 128, 0, 1 << 16);
+    p.reps = (int) opt_int(&o, "reps", 3, 1, 16);
+    if (model_load(&m, path, &err) != 0) die("%s", err.msg);
+    if (p.n_prompt + p.n_gen > m.c.n_ctx) {
+        die("--n-prompt and --n-gen exceed the model's context of %d",
+            m.c.n_ctx);
+    }
+    be = make_backend(&o, &m, p.n_prompt > p.n_gen ? p.n_prompt : p.n_gen,
+                      p.n_prompt > 1 ? p.n_prompt : 1);
+    if (bench_run(&m, be, &p, &r, &err) != 0) die("%s", err.msg);
+    printf("{\"model\": \"%s\", \"backend\": \"%s\", \"threads\": %d, "
+           "\"weight_bytes_per_token\": %" PRIu64 ", ", path, be->name,
+           (int) opt_int(&o, "threads", 0, 0, 1024), m.weight_bytes);
+    if (p.n_prompt > 0) print_series("pp", p.n_prompt, r.pp_tps, r.reps);
+    if (p.n_prompt > 0 && p.n_gen > 0) printf(", ");
+    if (p.n_gen > 0) print_series("tg", p.n_gen, r.tg_tps, r.reps);
+    printf("}\n");
+    be->free(be);
+    model_free(&m);
+    return 0;
+}
+
+
+/* ---- make-model -------------------------------------------------------- */
+
+static DType parse_type(const char *s) {
+    static const DType types[] = { DT_F32, DT_F16, DT_BF16, DT_Q8_0,
+                                   DT_Q4_0 };
+
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+        if (strcmp(s, dtype_name(types[i])) == 0) return types[i];
+    }
+    die("option '--type' must be f32, f16, bf16, q8_0 or q4_0, not '%s'", s);
+}
+
+static int cmd_make_model(int argc, char **argv) {
+    static const char *vals[] = {
+        "out", "arch", "dim", "layers", "heads", "kv-heads", "ffn", "type",
+        "vocab-from", "seed", "ctx", NULL
+    };
+    static const char *flags[] = { "tied", NULL };
+    Opts            o = { .n = 0 };
+    MakeModelParams p;
+    Err             err;
+
+    opts_add(&o, vals, false);
+    opts_add(&o, flags, true);
+    opts_parse(&o, argc, argv);
+    p.out = opt_need(&o, "out");
+    p.arch = opt_need(&o, "arch");
+    p.dim = (int) opt_need_int(&o, "dim", 1, 65536);
+    p.layers = (int) opt_need_int(&o, "layers", 1, 1024);
+    p.heads = (int) opt_need_int(&o, "heads", 1, 1024);
+    p.kv_heads = (int) opt_int(&o, "kv-heads", p.heads, 1, 1024);
+    p.ffn = (int) opt_need_int(&o, "ffn", 1, 262144);
+    p.ctx = (int) opt_int(&o, "ctx", 4096, 16, 1 << 20);
+    p.type = parse_type(opt_need(&o, "type"));
+    p.vocab_from = opt_need(&o, "vocab-from");
+    p.seed = (uint64_t) opt_int(&o, "seed", 1, 0, INT64_MAX);
+    p.tied = opt_flag(&o, "tied");
+    if (make_model(&p, &err) != 0) die("%s", err.msg);
+    return 0;
+}
+
+
+/* ---- main -------------------------------------------------------------- */
+
+static void usage(FILE *f) {
+    fputs("usage: omni-engine COMMAND [options]\n"
+          "\n"
+          "  generate   --model PATH --prompt TEXT [--max-tokens N]\n"
+          "             [--temperature T] [--seed S] [--top-k K] [--top-p P]\n"
+          "             [--min-p P] [--presence-penalty X]\n"
+          "             [--frequency-penalty X] [--stop TEXT] [--chat]\n"
+          "             [--system TEXT] [--threads N] [--isa auto|avx512|"
+          "avx2|ref]\n"
+          "             [--ctx N] [--batch N] [--stats]\n"
+          "  bench      --model PATH [--n-prompt 512] [--n-gen 128] "
+          "[--reps 3]\n"
+          "             [--threads N] [--isa ...]   (prints JSON)\n"
+          "  tokenize   --model PATH --text TEXT [--no-bos] "
+          "[--parse-special]\n"
+          "  make-model --out PATH --arch llama|qwen2 --dim D --layers L\n"
+          "             --heads H --kv-heads K --ffn F\n"
+          "             --type f32|f16|bf16|q8_0|q4_0 --vocab-from GGUF\n"
+          "             [--seed S] [--ctx N] [--tied]\n", f);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 1;
+    }
+    if (strcmp(argv[1], "generate") == 0) {
+        return cmd_generate(argc - 2, argv + 2);
+    }
+    if (strcmp(argv[1], "tokenize") == 0) {
+        return cmd_tokenize(argc - 2, argv + 2);
+    }
+    if (strcmp(argv[1], "bench") == 0) {
+        return cmd_bench(argc - 2, argv + 2);
+    }
+    if (strcmp(argv[1], "make-model") == 0) {
+        return cmd_make_model(argc - 2, argv + 2);
+    }
+    if (strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    die("unknown command '%s' (generate, tokenize, bench, make-model, help)",
+        argv[1]);
+}

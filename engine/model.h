@@ -1,0 +1,106 @@
+/* model.h -- a llama-family transformer loaded from GGUF, and its forward
+ * pass.
+ *
+ * Architectures follow llama.cpp's GGUF conventions:
+ *   llama  Llama 2/3, Mistral, TinyStories, SmolLM: RMSNorm, GQA attention
+ *          with RoPE on adjacent pairs (the converter permutes Q/K rows for
+ *          this), SwiGLU FFN, optional rope_freqs (llama 3.1 scaling).
+ *   qwen2  the same with Q/K/V biases and RoPE on halves (NEOX layout).
+ * When `output.weight` is absent the output projection is the token
+ * embedding (tied). Weights stay in the mmapped file in their own type (F32,
+ * F16, BF16, Q8_0, Q4_0); nothing is dequantized ahead of time.
+ *
+ * model_forward() runs a batch of tokens, possibly from several sequences,
+ * through every layer, writing each token's K/V into the paged cache and
+ * producing logits for the tokens asked for. It allocates nothing: the
+ * RunState holds every activation buffer, sized for max_tokens. */
+
+#ifndef OMNI_MODEL_H
+#define OMNI_MODEL_H
+
+#include <stdint.h>
+
+#include "gguf.h"
+#include "kernels.h"
+#include "kv_cache.h"
+#include "log.h"
+
+typedef enum {
+    ARCH_LLAMA,
+    ARCH_QWEN2,
+} Arch;
+
+typedef struct {
+    Arch     arch;
+    int      dim;           // embedding width
+    int      n_layers;
+    int      n_heads;
+    int      n_kv_heads;
+    int      head_dim;
+    int      ffn_dim;
+    int      n_vocab;
+    int      n_ctx;         // trained context length
+    float    norm_eps;
+    RopeParams rope;        // freq_factors borrowed from the mapping
+} ModelConfig;
+
+typedef struct {
+    const float *attn_norm;     // (dim,)
+    Matrix       wq;            // (n_heads*head_dim, dim)
+    Matrix       wk;            // (n_kv_heads*head_dim, dim)
+    Matrix       wv;            // (n_kv_heads*head_dim, dim)
+    const float *bq, *bk, *bv;  // qwen2 biases or NULL
+    Matrix       wo;            // (dim, n_heads*head_dim)
+    const float *ffn_norm;      // (dim,)
+    Matrix       w_gate;        // (ffn_dim, dim)
+    Matrix       w_up;          // (ffn_dim, dim)
+    Matrix       w_down;        // (dim, ffn_dim)
+} LayerWeights;
+
+typedef struct {
+    ModelConfig   c;
+    GGUF          gguf;         // the mapped file, owned
+    Matrix        tok_embd;     // (n_vocab, dim)
+    Matrix        output;       // (n_vocab, dim); tok_embd when tied
+    const float  *output_norm;  // (dim,)
+    LayerWeights *layers;       // (n_layers,), owned
+    float       **f32_copies;   // (n_copies,) f32 copies of 1-D tensors
+    int           n_copies;     //   stored as f16/bf16, owned (usually 0)
+    uint64_t      weight_bytes; // bytes of weights one token reads
+} Model;
+
+/* Maps and validates a model file. Returns -1 with err naming the file and
+ * the problem (unsupported architecture or weight type, missing tensor,
+ * shape mismatch). On failure nothing needs freeing. */
+int  model_load(Model *m, const char *path, Err *err);
+void model_free(Model *m);
+
+/* Activations for up to max_tokens tokens per forward call, of which at most
+ * max_out get logits. */
+typedef struct {
+    int64_t max_tokens;
+    int64_t max_out;
+    float  *x;          // (max_tokens, dim) residual stream
+    float  *xb;         // (max_tokens, wide) normed input, attention output
+    float  *q;          // (max_tokens, n_heads*head_dim)
+    float  *k, *v;      // (max_tokens, n_kv_heads*head_dim)
+    float  *hb, *hb2;   // (max_tokens, wide) FFN hidden, projections out
+    float  *xo;         // (max_out, dim) rows gathered for the output
+    float  *logits;     // (max_out, n_vocab)
+    float  *mem;        // the one allocation all of the above live in, owned
+} RunState;             // wide = max(dim, n_heads*head_dim, ffn_dim)
+
+int  runstate_init(RunState *s, const ModelConfig *c, int64_t max_tokens,
+                   int64_t max_out, Err *err);
+void runstate_free(RunState *s);
+
+/* Runs tokens (b->n of them, b->n <= s->max_tokens) at the positions and
+ * through the block tables in b. The K/V slots of every token must exist
+ * (the caller allocated the blocks). For the n_out token indices in out_idx
+ * (ascending), logits are written to s->logits rows 0..n_out-1. Can't fail:
+ * everything was validated and allocated before. */
+void model_forward(const Model *m, Backend *be, const KVCache *kv,
+                   RunState *s, const int32_t *tokens, const TokenBatch *b,
+                   const int32_t *out_idx, int64_t n_out);
+
+#endif
