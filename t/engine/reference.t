@@ -6,6 +6,7 @@ use warnings;
 use Test::More;
 use JSON::PP;
 require './t/engine/lib.pl';
+our ($MODEL, $TMP);
 
 open(my $fh, '<', 't/data/llama-cpp-greedy.json') or die $!;
 my $ref = decode_json(do { local $/; <$fh> });
@@ -14,7 +15,7 @@ my @cases = @{ $ref->{cases} };
 for my $c (@cases) {
     for my $threads (1, 2) {
         my ($rc, $out, $err) = run_engine(
-            'generate', '--model', $main::MODEL, '--prompt', $c->{prompt},
+            'generate', '--model', $MODEL, '--prompt', $c->{prompt},
             '--max-tokens', $c->{max_tokens}, '--temperature', 0,
             '--threads', $threads);
         is($rc, 0, "exit 0: '$c->{prompt}' ($threads threads)") or diag $err;
@@ -28,7 +29,7 @@ for my $c (@cases) {
 my $long = $cases[5];
 for my $batch (1, 7, 16) {
     my ($rc, $out) = run_engine(
-        'generate', '--model', $main::MODEL, '--prompt', $long->{prompt},
+        'generate', '--model', $MODEL, '--prompt', $long->{prompt},
         '--max-tokens', $long->{max_tokens}, '--temperature', 0,
         '--batch', $batch);
     is($out, $long->{expected}, "prefill in chunks of $batch");
@@ -37,7 +38,7 @@ for my $batch (1, 7, 16) {
 # Every kernel set the CPU has gives the same greedy text.
 for my $isa (qw(ref avx2 avx512)) {
     my ($rc, $out, $err) = run_engine(
-        'generate', '--model', $main::MODEL, '--prompt', $cases[0]{prompt},
+        'generate', '--model', $MODEL, '--prompt', $cases[0]{prompt},
         '--max-tokens', $cases[0]{max_tokens}, '--temperature', 0,
         '--isa', $isa);
   SKIP: {
