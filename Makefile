@@ -113,7 +113,17 @@ test-deps:
 test: test-deps
 	$(MAKE) all unit
 	t/fetch-llama-src
-	prove -v $(UNIT_BINS) $(ASAN_BINS) t/engine/*.t
+	prove $(UNIT_BINS) $(ASAN_BINS) t/engine/*.t
+
+# Until the nginx module lands (serving on 127.0.0.1:8080), `make run` says so
+# and runs the engine once on the default model instead.
+OMNI_MODEL ?= ../shared/models/stories260K.gguf
+
+run: deps all
+	@echo "make run: HTTP serving (ngx_omni_module + omni-engine sidecar) is" \
+	    "not built yet; generating once with $(OMNI_MODEL) instead." >&2
+	$(BUILD)/omni-engine generate --model $(OMNI_MODEL) \
+	    --prompt "$${OMNI_PROMPT:-Once upon a time}" --max-tokens 128 --stats
 
 fuzz: $(BUILD)/fuzz/fuzz_gguf
 
