@@ -1,4 +1,4 @@
-/* test_tokenizer.c -- engine/tokenizer.c against llama.cpp.
+/* test_tokenizer.c -- the tokenizer (engine/tokenizer*.c, detok.c) against llama.cpp.
  *
  * Two kinds of reference, both llama.cpp's:
  *
