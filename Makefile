@@ -27,8 +27,9 @@ ISA_avx512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni \
 # The SIMD kernel sets exist for x86-64 only; elsewhere the scalar set runs.
 ARCH        := $(shell uname -m)
 ISA_SRCS    := $(if $(filter x86_64,$(ARCH)),$(wildcard kernels/cpu/avx*.c))
-CFLAGS      += $(foreach f,$(ISA_SRCS),-DOMNI_HAVE_$(shell echo $(basename \
+ISA_DEFS    := $(foreach f,$(ISA_SRCS),-DOMNI_HAVE_$(shell echo $(basename \
                    $(notdir $(f))) | tr a-z A-Z))
+CFLAGS      += $(ISA_DEFS)
 
 ENGINE_SRCS := $(filter-out engine/main.c,$(wildcard engine/*.c))
 KERNEL_SRCS := $(wildcard kernels/*.c) \
@@ -45,7 +46,7 @@ ASAN_BINS   := $(UNIT_SRCS:t/unit/%.c=$(BUILD)/asan/t/%)
 ASAN_FLAGS  := -fsanitize=address,undefined -fno-sanitize-recover=all \
                -fno-omit-frame-pointer
 
-.PHONY: all test unit run bench fuzz deps test-deps clean
+.PHONY: all test unit run bench fuzz deps test-deps clean FORCE
 .DELETE_ON_ERROR:
 
 all: $(BUILD)/omni-engine
@@ -58,6 +59,14 @@ $(BUILD)/asan/obj/%.o: %.c
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(ASAN_FLAGS) $(ISA_$(basename $(notdir $<))) -MMD -MP \
 	    -c $< -o $@
+
+# Objects depend on which kernel sets exist (OMNI_HAVE_*): a stamp that
+# changes only when that set changes rebuilds them.
+$(BUILD)/.isa: FORCE
+	@mkdir -p $(@D)
+	@echo '$(ISA_DEFS)' | cmp -s - $@ || echo '$(ISA_DEFS)' > $@
+
+$(LIB_OBJS) $(ASAN_OBJS) $(BUILD)/obj/engine/main.o: $(BUILD)/.isa
 
 $(BUILD)/libomni.a: $(LIB_OBJS)
 	@rm -f $@
@@ -80,7 +89,19 @@ $(BUILD)/asan/t/%: t/unit/%.c $(BUILD)/asan/libomni.a
 	$(CC) $(CFLAGS) $(ASAN_FLAGS) -It/unit -MMD -MP -o $@ $< \
 	    $(BUILD)/asan/libomni.a -lcmocka $(LDLIBS)
 
-unit: $(UNIT_BINS) $(ASAN_BINS)
+# The thread pool's lock-free protocol also runs under ThreadSanitizer.
+TSAN_BINS := $(BUILD)/tsan/t/test_threadpool
+
+$(BUILD)/tsan/t/test_threadpool: t/unit/test_threadpool.c \
+                                 kernels/cpu/threadpool.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -O1 -fsanitize=thread -o $@ $^ -lcmocka -pthread
+
+unit: $(UNIT_BINS) $(ASAN_BINS) $(TSAN_BINS)
+
+$(BUILD)/bench/bench_kernels: bench/bench_kernels.c $(BUILD)/libomni.a
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -MMD -MP -o $@ $< $(BUILD)/libomni.a $(LDLIBS)
 
 # Debian packages: build, then tests. `make deps` installs only what is
 # missing, so it is quick on a machine that has them.
@@ -113,7 +134,7 @@ test-deps:
 test: test-deps
 	$(MAKE) all unit
 	t/fetch-llama-src
-	prove $(UNIT_BINS) $(ASAN_BINS) t/engine/*.t
+	prove $(UNIT_BINS) $(ASAN_BINS) $(TSAN_BINS) t/engine/*.t
 
 # Until the nginx module lands (serving on 127.0.0.1:8080), `make run` says so
 # and runs the engine once on the default model instead.
@@ -133,7 +154,7 @@ $(BUILD)/fuzz/fuzz_%: t/fuzz/fuzz_%.c $(LIB_SRCS)
 	    -fsanitize=fuzzer,address,undefined -o $@ $< $(ENGINE_SRCS) \
 	    kernels/dtype.c -lpcre2-8 -lm
 
-bench: all
+bench: all $(BUILD)/bench/bench_kernels
 	$(call apt_ensure,$(BENCH_PKGS))
 	bench/run
 

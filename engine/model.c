@@ -368,9 +368,12 @@ void model_forward(const Model *m, Backend *be, const KVCache *kv,
 
         /* attention: norm, q/k/v projections (+ qwen2 biases), rope */
         be->rmsnorm(be, s->xb, s->x, L->attn_norm, n, dim, c->norm_eps);
-        be->matmul(be, s->q, s->xb, n, &L->wq);
-        be->matmul(be, s->k, s->xb, n, &L->wk);
-        be->matmul(be, s->v, s->xb, n, &L->wv);
+        {
+            float *const        outs[] = { s->q, s->k, s->v };
+            const Matrix *const ws[] = { &L->wq, &L->wk, &L->wv };
+
+            be->matmul_n(be, outs, s->xb, n, ws, 3);
+        }
         if (L->bq != NULL) {
             be->add_bias(be, s->q, L->bq, n, L->wq.rows);
             be->add_bias(be, s->k, L->bk, n, kvd);
@@ -387,8 +390,12 @@ void model_forward(const Model *m, Backend *be, const KVCache *kv,
 
         /* feed-forward: norm, SwiGLU, down projection, residual */
         be->rmsnorm(be, s->xb, s->x, L->ffn_norm, n, dim, c->norm_eps);
-        be->matmul(be, s->hb, s->xb, n, &L->w_gate);
-        be->matmul(be, s->hb2, s->xb, n, &L->w_up);
+        {
+            float *const        outs[] = { s->hb, s->hb2 };
+            const Matrix *const ws[] = { &L->w_gate, &L->w_up };
+
+            be->matmul_n(be, outs, s->xb, n, ws, 2);
+        }
         be->swiglu(be, s->hb, s->hb, s->hb2, n * c->ffn_dim);
         be->matmul(be, s->xb, s->hb, n, &L->w_down);
         be->add(be, s->x, s->xb, n, dim);

@@ -70,6 +70,8 @@ typedef struct {
                                 // (llama 3.1 rope_freqs), borrowed
 } RopeParams;
 
+#define MM_MAX_FUSED 3           // matrices one matmul_n call takes
+
 typedef struct Backend Backend;
 
 struct Backend {
@@ -88,6 +90,12 @@ struct Backend {
     /* out (n, w->rows) = x (n, w->cols) . w^T. out and x do not overlap. */
     void (*matmul)(Backend *be, float *out, const float *x, int64_t n,
                    const Matrix *w);
+
+    /* outs[i] (n, ws[i]->rows) = x . ws[i]^T for i < count (at most
+     * MM_MAX_FUSED), bit for bit what count matmul calls give, as one job:
+     * Q/K/V and gate/up read the same input. */
+    void (*matmul_n)(Backend *be, float *const *outs, const float *x,
+                     int64_t n, const Matrix *const *ws, int count);
 
     /* x (n, dim) += bias (dim,) on every row. */
     void (*add_bias)(Backend *be, float *x, const float *bias, int64_t n,

@@ -6,17 +6,21 @@
  * wake-up) or is split across the pool with each output element written by
  * exactly one thread, so results do not depend on the thread count.
  *
- * Matmul splits the output into chunks of (x rows, weight rows) claimed from
- * an atomic counter, so a thread slowed by a noisy neighbour does not hold
- * the others back. Within a chunk the weight tile is the outer loop: a tile
- * of nr weight rows stays in L1 while the chunk's activation rows stream
- * past it.
+ * Matmul splits the weight rows into chunks claimed from an atomic
+ * counter, so a thread slowed by a noisy neighbour does not hold the others
+ * back. A chunk is handed to the table's gemm whole, one tile of
+ * activation rows at a time; the table tiles it and blocks k for its
+ * caches, and in decode reads the chunk's rows front to back. Activations
+ * are converted once per call to the form the table reads (or copied to a
+ * line-aligned buffer when f32 rows do not start on cache lines).
+ *
+ * Attention items are (token, head) pairs, head-major so that consecutive
+ * items read one KV head's keys and values while they sit in L2.
  *
  * All scratch (converted activations, attention scores) is allocated at
  * creation from the sizes in BackendConfig; ops never allocate. */
 
 #include <math.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,14 +32,13 @@
 
 #define PAR_MIN_ELEMS   32768       /* below this an elementwise op runs on
                                        the caller: a wake-up costs more */
-#define MM_X_CHUNK      64          /* activation rows per matmul chunk */
 
 typedef struct {
     const CpuVec *vec;
     ThreadPool   *tp;
     BackendConfig cfg;
-    void         *xbuf;         // (max_tokens, max_cols) converted
-                                //   activations, owned
+    void         *xbuf;         // (max_tokens, widest converted row of
+                                //   max_cols) activations, owned
     float        *scores;       // (nth, max_ctx) attention scores, owned
 } CpuCtx;
 
@@ -51,26 +54,31 @@ typedef struct {
     RowFn         fn;
     void         *arg;
     int64_t       n;
+    int64_t       n_items;
 } RowJob;
 
-static void row_worker(void *p, int ith, int nth) {
+/* Item i of n_items covers rows [i*n/n_items, (i+1)*n/n_items). */
+static void row_worker(void *p, int64_t item, int ith) {
     RowJob *j = p;
-    int64_t per = (j->n + nth - 1) / nth;
-    int64_t r0 = per * ith, r1 = r0 + per < j->n ? r0 + per : j->n;
+    int64_t r0 = item * j->n / j->n_items;
+    int64_t r1 = (item + 1) * j->n / j->n_items;
 
+    (void) ith;
     if (r0 < r1) j->fn(j->c, j->arg, r0, r1);
 }
 
 static void run_rows(const CpuCtx *c, RowFn fn, void *arg, int64_t n,
                      int64_t row_elems)
 {
-    RowJob job = { c, fn, arg, n };
+    /* a few items per thread, so whoever is scheduled takes up the slack */
+    int64_t items = 4 * (int64_t) tp_size(c->tp);
+    RowJob  job = { c, fn, arg, n, n < items ? n : items };
 
     if (n == 1 || n * row_elems < PAR_MIN_ELEMS) {
         fn(c, arg, 0, n);
         return;
     }
-    tp_run(c->tp, row_worker, &job);
+    tp_run(c->tp, row_worker, &job, job.n_items);
 }
 
 
@@ -172,115 +180,178 @@ static void cpu_swiglu(Backend *be, float *out, const float *gate,
 
 typedef struct {
     const CpuVec    *vec;
+    int              slot;
     const float     *x;
-    void            *xq;            // converted rows, or NULL for f32 form
+    void            *xq;
     size_t           ldxq;
-    DType            form;
     int64_t          cols;
 } ConvArgs;
 
 static void convert_rows(const CpuCtx *c, void *p, int64_t r0, int64_t r1) {
     ConvArgs *a = p;
 
+    (void) c;
     for (int64_t r = r0; r < r1; r++) {
-        void *dst = (char *) a->xq + r * a->ldxq;
+        const float *x = a->x + r * a->cols;
+        void        *dst = (char *) a->xq + r * a->ldxq;
 
-        if (a->form == DT_Q8_0) {
-            a->vec->quantize_q8_0(a->x + r * a->cols, dst, a->cols);
+        if (a->vec->mm[a->slot].conv != NULL) {
+            a->vec->mm[a->slot].conv(x, dst, a->cols);
+        } else if (a->vec->mm[a->slot].x_form == DT_Q8_0) {
+            a->vec->quantize_q8_0(x, dst, a->cols);
         } else {
-            a->vec->to_f16(a->x + r * a->cols, dst, a->cols);
+            a->vec->to_f16(x, dst, a->cols);
         }
     }
 }
 
+static void copy_rows(const CpuCtx *c, void *p, int64_t r0, int64_t r1) {
+    ConvArgs *a = p;
+
+    (void) c;
+    for (int64_t r = r0; r < r1; r++) {
+        memcpy((char *) a->xq + r * a->ldxq, a->x + r * a->cols,
+               (size_t) a->cols * sizeof(float));
+    }
+}
+
+/* Bytes of a converted activation row of k elements. */
+static size_t x_bytes(const CpuVec *vec, int slot, int64_t k) {
+    if (vec->mm[slot].x_bytes != NULL) return vec->mm[slot].x_bytes(k);
+    return dtype_row_bytes(vec->mm[slot].x_form, k);
+}
+
+/* One parallel job over up to MM_MAX_FUSED matrices that read the same
+ * activations (Q/K/V, gate/up): one conversion of x and one
+ * synchronisation instead of three, and the small K/V projections no longer
+ * leave threads idle at their tail. Chunk c belongs to the matrix i with
+ * first[i] <= c < first[i + 1]. */
 typedef struct {
     GemmFn           gemm;
     int              mr, nr;
     const char      *x;
     size_t           ldx;
     int64_t          n;
-    const Matrix    *w;
-    float           *out;
-    int64_t          w_chunk;       // weight rows per chunk, multiple of nr
-    int64_t          n_wc, n_xc;    // chunks along each dimension
-    _Atomic int64_t  next;
+    int              count;
+    const Matrix    *w[MM_MAX_FUSED];
+    float           *out[MM_MAX_FUSED];
+    int64_t          w_chunk;               // weight rows per chunk
+    int64_t          first[MM_MAX_FUSED + 1];
 } MatmulJob;
 
-static void matmul_chunk(MatmulJob *j, int64_t wc, int64_t xc) {
-    int64_t     w0 = wc * j->w_chunk, x0 = xc * MM_X_CHUNK;
-    int64_t     w1 = w0 + j->w_chunk, x1 = x0 + MM_X_CHUNK;
-    const char *wd = j->w->data;
-    size_t      ldw = j->w->row_bytes, ldo = (size_t) j->w->rows;
+/* Weight rows [w0, w1) of matrix i against all activation rows: one gemm
+ * call per tile of activation rows, each against the whole chunk, which the
+ * table tiles and blocks for its caches. Consecutive calls share the chunk's
+ * weights, kept in L2; the activations are read once per chunk. */
+static void matmul_chunk(const MatmulJob *j, int i, int64_t w0, int64_t w1) {
+    const Matrix *m = j->w[i];
+    size_t        ldo = (size_t) m->rows;
+    const char   *w = (const char *) m->data + (size_t) w0 * m->row_bytes;
 
-    w1 = w1 < j->w->rows ? w1 : j->w->rows;
-    x1 = x1 < j->n ? x1 : j->n;
-    for (int64_t wj = w0; wj < w1; wj += j->nr) {
-        int nr = (int) (w1 - wj < j->nr ? w1 - wj : j->nr);
+    for (int64_t xi = 0; xi < j->n; xi += j->mr) {
+        int mr = (int) (j->n - xi < j->mr ? j->n - xi : j->mr);
 
-        for (int64_t xi = x0; xi < x1; xi += j->mr) {
-            int mr = (int) (x1 - xi < j->mr ? x1 - xi : j->mr);
-
-            j->gemm(j->w->cols, mr, nr, j->x + xi * j->ldx, j->ldx,
-                    wd + wj * ldw, ldw, j->out + xi * ldo + wj, ldo);
-        }
+        j->gemm(m->cols, mr, (int) (w1 - w0), j->x + xi * (int64_t) j->ldx,
+                j->ldx, w, m->row_bytes, j->out[i] + xi * (int64_t) ldo + w0,
+                ldo);
     }
 }
 
-static void matmul_worker(void *p, int ith, int nth) {
-    MatmulJob *j = p;
-    int64_t    total = j->n_wc * j->n_xc;
+static void matmul_worker(void *p, int64_t c, int ith) {
+    const MatmulJob *j = p;
+    int              i = 0;
+    int64_t          w0, w1;
 
     (void) ith;
-    (void) nth;
-    for (;;) {
-        int64_t c = atomic_fetch_add_explicit(&j->next, 1,
-                                              memory_order_relaxed);
-        if (c >= total) break;
-        /* consecutive chunks share a weight block while x blocks change */
-        matmul_chunk(j, c / j->n_xc, c % j->n_xc);
+    while (c >= j->first[i + 1]) i++;
+    w0 = (c - j->first[i]) * j->w_chunk;
+    w1 = w0 + j->w_chunk;
+    matmul_chunk(j, i, w0, w1 < j->w[i]->rows ? w1 : j->w[i]->rows);
+}
+
+/* Weight rows per chunk: about 8 chunks per thread over all the matrices,
+ * claimed in turn, so a thread slowed by a noisy neighbour does not hold the
+ * others back (32 per thread measured no better in decode); a multiple of 16
+ * rows (no two threads write one cache line of out) and of nr (tiles line
+ * up across chunks). */
+static int64_t matmul_chunk_rows(const MatmulJob *j, int nth) {
+    int64_t unit = 16 * (int64_t) j->nr, rows = 0, per;
+
+    for (int i = 0; i < j->count; i++) rows += j->w[i]->rows;
+    per = (rows + (int64_t) nth * 8 - 1) / ((int64_t) nth * 8);
+    return (per + unit - 1) / unit * unit;
+}
+
+/* Points job.x at the activations in the form the kernel reads: in place
+ * for f32 rows that start cache lines, else converted (or copied) into the
+ * scratch buffer. */
+static void matmul_input(const CpuCtx *c, MatmulJob *job, int slot,
+                         const float *x, int64_t cols)
+{
+    if (c->vec->mm[slot].conv == NULL && c->vec->mm[slot].x_form == DT_F32) {
+        job->x = (const char *) x;
+        job->ldx = (size_t) cols * sizeof(float);
+        if (((uintptr_t) x | job->ldx) % 64 != 0) {
+            /* read in place only when every row starts a cache line: a
+               vector split over two lines costs two loads, 6-11% of a
+               batch's f16 matmul */
+            ConvArgs a = { c->vec, slot, x, c->xbuf,
+                           (job->ldx + 63) / 64 * 64, cols };
+
+            run_rows(c, copy_rows, &a, job->n, cols);
+            job->x = c->xbuf;
+            job->ldx = a.ldxq;
+        }
+    } else {
+        ConvArgs a = { c->vec, slot, x, c->xbuf, x_bytes(c->vec, slot, cols),
+                       cols };
+
+        run_rows(c, convert_rows, &a, job->n, cols);
+        job->x = c->xbuf;
+        job->ldx = a.ldxq;
     }
 }
 
-static void cpu_matmul(Backend *be, float *out, const float *x, int64_t n,
-                       const Matrix *w)
+static void cpu_matmul_n(Backend *be, float *const *outs, const float *x,
+                         int64_t n, const Matrix *const *ws, int count)
 {
     const CpuCtx *c = be->ctx;
-    int           slot = vec_dtype_slot(w->type);
-    DType         form = c->vec->mm[slot].x_form;
+    int           slot = vec_dtype_slot(ws[0]->type);
     MatmulJob     job;
-    int64_t       nth = tp_size(c->tp), per;
 
+    /* matrices of different types need different activation forms: run
+       them one by one (mixed-type files are rare) */
+    for (int i = 1; i < count; i++) {
+        if (ws[i]->type != ws[0]->type || ws[i]->cols != ws[0]->cols) {
+            for (int k = 0; k < count; k++) {
+                cpu_matmul_n(be, &outs[k], x, n, &ws[k], 1);
+            }
+            return;
+        }
+    }
     memset(&job, 0, sizeof(job));
     job.gemm = c->vec->mm[slot].gemm;
     job.mr = c->vec->mm[slot].mr;
     job.nr = c->vec->mm[slot].nr;
     job.n = n;
-    job.w = w;
-    job.out = out;
-    if (form == DT_F32) {
-        job.x = (const char *) x;
-        job.ldx = (size_t) w->cols * sizeof(float);
-    } else {
-        ConvArgs a = { c->vec, x, c->xbuf, dtype_row_bytes(form, w->cols),
-                       form, w->cols };
-        run_rows(c, convert_rows, &a, n, w->cols);
-        job.x = c->xbuf;
-        job.ldx = a.ldxq;
+    job.count = count;
+    for (int i = 0; i < count; i++) {
+        job.w[i] = ws[i];
+        job.out[i] = outs[i];
     }
+    matmul_input(c, &job, slot, x, ws[0]->cols);
+    job.w_chunk = matmul_chunk_rows(&job, tp_size(c->tp));
+    for (int i = 0; i < count; i++) {
+        job.first[i + 1] = job.first[i]
+                           + (ws[i]->rows + job.w_chunk - 1) / job.w_chunk;
+    }
+    tp_run(c->tp, matmul_worker, &job, job.first[count]);
+}
 
-    /* about 8 chunks per thread: enough to balance, few enough that the
-       counter is not contended */
-    per = (w->rows + nth * 8 - 1) / (nth * 8);
-    per = (per + job.nr - 1) / job.nr * job.nr;
-    job.w_chunk = per > job.nr ? per : job.nr;
-    job.n_wc = (w->rows + job.w_chunk - 1) / job.w_chunk;
-    job.n_xc = (n + MM_X_CHUNK - 1) / MM_X_CHUNK;
-    atomic_init(&job.next, 0);
-    if (job.n_wc * job.n_xc == 1) {
-        matmul_chunk(&job, 0, 0);
-        return;
-    }
-    tp_run(c->tp, matmul_worker, &job);
+static void cpu_matmul(Backend *be, float *out, const float *x, int64_t n,
+                       const Matrix *w)
+{
+    cpu_matmul_n(be, &out, x, n, &w, 1);
 }
 
 
@@ -374,11 +445,38 @@ typedef struct {
     const KVLayer    *kv;
     const TokenBatch *b;
     float             scale;
-    _Atomic int64_t   next;
 } AttnJob;
 
+/* scores[r] = scale * q . k_r over n consecutive key rows; returns the
+ * largest. Uses the table's block kernel when it has one. */
+static float attn_scores(const CpuVec *vec, float *scores, const float *q,
+                         const uint16_t *k, int64_t n, int hd, float scale)
+{
+    float max = -INFINITY;
+
+    if (vec->scores_f16 != NULL) {
+        return vec->scores_f16(scores, q, k, n, hd, scale);
+    }
+    for (int64_t r = 0; r < n; r++) {
+        scores[r] = vec->dot_f16(k + r * hd, q, hd) * scale;
+        max = scores[r] > max ? scores[r] : max;
+    }
+    return max;
+}
+
+static void attn_mix(const CpuVec *vec, float *out, const float *p,
+                     const uint16_t *v, int64_t n, int hd)
+{
+    if (vec->mix_f16 != NULL) {
+        vec->mix_f16(out, p, v, n, hd);
+        return;
+    }
+    for (int64_t r = 0; r < n; r++) vec->axpy_f16(out, p[r], v + r * hd, hd);
+}
+
 /* One (token, head): scores over positions 0..pos, softmax, weighted sum of
- * values. Two passes over the keys' block table, in position order. */
+ * values. Both passes walk the block table a block at a time (a block's
+ * rows of one head are contiguous), in position order. */
 static void attn_one(AttnJob *j, float *scores, int64_t t, int h) {
     const CpuVec  *vec = j->c->vec;
     const KVLayer *kv = j->kv;
@@ -390,43 +488,42 @@ static void attn_one(AttnJob *j, float *scores, int64_t t, int h) {
     float         *out = j->out + (t * j->n_heads + h) * hd;
     float          max = -INFINITY, sum;
 
-    for (int32_t p = 0; p < npos; p++) {
-        const uint16_t *kp = kv->k + kv_offset(kv, bt[p / bs], kvh, p % bs);
+    for (int32_t p = 0; p < npos; p += bs) {
+        int64_t n = npos - p < bs ? npos - p : bs;
+        float   m = attn_scores(vec, scores + p, q,
+                                kv->k + kv_offset(kv, bt[p / bs], kvh, 0),
+                                n, hd, j->scale);
 
-        scores[p] = vec->dot_f16(kp, q, hd) * j->scale;
-        max = scores[p] > max ? scores[p] : max;
+        max = m > max ? m : max;
     }
     sum = vec->exp_sum(scores, scores, max, npos);
     memset(out, 0, (size_t) hd * sizeof(float));
-    for (int32_t p = 0; p < npos; p++) {
-        const uint16_t *vp = kv->v + kv_offset(kv, bt[p / bs], kvh, p % bs);
+    for (int32_t p = 0; p < npos; p += bs) {
+        int64_t n = npos - p < bs ? npos - p : bs;
 
-        vec->axpy_f16(out, scores[p], vp, hd);
+        attn_mix(vec, out, scores + p,
+                 kv->v + kv_offset(kv, bt[p / bs], kvh, 0), n, hd);
     }
     vec->scale(out, 1.0f / sum, hd);
 }
 
-static void attn_worker(void *p, int ith, int nth) {
+/* Items are head-major: consecutive items read the same KV head, whose
+ * keys and values stay in L2 (token-major cycles through all of them: 2.5x
+ * slower at 512 tokens). */
+static void attn_worker(void *p, int64_t i, int ith) {
     AttnJob *j = p;
     float   *scores = j->c->scores + (size_t) ith * j->c->cfg.max_ctx;
-    int64_t  total = j->b->n * j->n_heads;
 
-    (void) nth;
-    for (;;) {
-        int64_t i = atomic_fetch_add_explicit(&j->next, 1,
-                                              memory_order_relaxed);
-        if (i >= total) break;
-        attn_one(j, scores, i / j->n_heads, (int) (i % j->n_heads));
-    }
+    attn_one(j, scores, i % j->b->n, (int) (i / j->b->n));
 }
 
 static void cpu_attention(Backend *be, float *out, const float *q,
                           int n_heads, const KVLayer *kv, const TokenBatch *b,
                           float scale)
 {
-    AttnJob j = { be->ctx, out, q, n_heads, kv, b, scale, 0 };
+    AttnJob j = { be->ctx, out, q, n_heads, kv, b, scale };
 
-    tp_run(((CpuCtx *) be->ctx)->tp, attn_worker, &j);
+    tp_run(((CpuCtx *) be->ctx)->tp, attn_worker, &j, b->n * n_heads);
 }
 
 
@@ -526,8 +623,15 @@ Backend *backend_cpu_new(const BackendConfig *cfg, char *err, size_t errlen) {
     if (nth <= 0) nth = (int) sysconf(_SC_NPROCESSORS_ONLN);
     c->cfg = *cfg;
     c->cfg.n_threads = nth;
-    /* the widest converted row is f16 (2 bytes per element) */
-    xrow = (size_t) cfg->max_cols * 2 + 64;
+    /* room for the widest converted row any weight type asks for; f32
+       rows are copied there, line-aligned, when the caller's are not */
+    xrow = 64;
+    for (int t = 0; t < 5; t++) {
+        size_t b = x_bytes(c->vec, t, cfg->max_cols);
+
+        xrow = b > xrow ? b : xrow;
+    }
+    xrow = (xrow + 63) / 64 * 64;
     c->xbuf = aligned_alloc(64, ((size_t) cfg->max_tokens * xrow + 63) / 64
                                 * 64);
     c->scores = malloc((size_t) nth * (size_t) cfg->max_ctx * sizeof(float));
@@ -538,6 +642,7 @@ Backend *backend_cpu_new(const BackendConfig *cfg, char *err, size_t errlen) {
     be->embed = cpu_embed;
     be->rmsnorm = cpu_rmsnorm;
     be->matmul = cpu_matmul;
+    be->matmul_n = cpu_matmul_n;
     be->add_bias = cpu_add_bias;
     be->add = cpu_add;
     be->rope = cpu_rope;

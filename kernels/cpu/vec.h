@@ -7,16 +7,21 @@
  * startup from what the CPU reports. The tables share these signatures, so
  * the kernel tests run every table against ref.c.
  *
- * Matmul works in tiles: gemm computes an (mr x nr) block of outputs from mr
- * activation rows and nr weight rows, reading both in place. Activations are
- * first converted, one row at a time, to the form the table asks for in
- * x_form (f32 for float weights, Q8_0 blocks for quantized ones), so the
- * conversion too is the same for a token whatever batch it is in.
+ * Matmul works in panels: gemm computes an (mr x nr) block of outputs from
+ * mr activation rows (at most the table's mr) and any number nr of weight
+ * rows, reading both in place; the table tiles and blocks the panel itself.
+ * Activations are first converted, one row at a time, to the form the table
+ * asks for (f32 rows as given, Q8_0 blocks, or a table's private layout
+ * through conv), so the conversion too is the same for a token whatever
+ * batch it is in.
  *
  * Batch invariance: for a given k, gemm must compute out[i][j] with the same
  * operations in the same order for every mr, nr and position in the tile.
  * SIMD bodies achieve this by giving every output its own accumulators and
- * the same reduction; tails use the same scalar order everywhere. */
+ * the same reduction tree; their tails run the same vector step on masked or
+ * zero-padded operands. Elementwise primitives must give an element the same
+ * bits whether it lands in the vector body or in the tail, because the
+ * backend splits flattened batches at arbitrary points. */
 
 #ifndef OMNI_CPU_VEC_H
 #define OMNI_CPU_VEC_H
@@ -26,13 +31,15 @@
 
 #include "dtype.h"
 
-#define GEMM_MR_MAX 8           // largest tile the driver asks for, x rows
-#define GEMM_NR_MAX 8           //   and weight rows
+#define GEMM_MR_MAX 8           // most activation rows a table asks for
 
 /* out[i * ldo + j] = x_i . w_j for i < mr, j < nr; x_i at x + i*ldx bytes,
  * w_j at w + j*ldw bytes, k elements each (k % 32 == 0 for quantized). */
 typedef void (*GemmFn)(int64_t k, int mr, int nr, const void *x, size_t ldx,
                        const void *w, size_t ldw, float *out, size_t ldo);
+
+/* Converts one activation row of k floats to a table's private form. */
+typedef void (*XConvFn)(const float *x, void *y, int64_t k);
 
 typedef struct {
     const char *name;               // "ref", "avx2", "avx512"
@@ -40,9 +47,15 @@ typedef struct {
     /* Per weight type: the activation form (DT_F32, DT_F16 or DT_Q8_0) the
      * gemm reads, the gemm itself, and the tile shape it is fastest at. */
     struct {
-        DType  x_form;
-        GemmFn gemm;
-        int    mr, nr;              // preferred tile, <= GEMM_*_MAX
+        DType   x_form;
+        GemmFn  gemm;
+        int     mr;                 // activation rows per call, <= GEMM_MR_MAX
+        int     nr;                 // weight rows of its tile: calls should
+                                    //   start at multiples of nr
+        /* (optional) private activation form: conv writes one row of k
+         * elements, x_bytes(k) is its size. NULL means x_form. */
+        XConvFn conv;
+        size_t  (*x_bytes)(int64_t k);
     } mm[5];                        // indexed by vec_dtype_slot()
 
     /* y = x as Q8_0 blocks (k % 32 == 0): d = max|x| / 127, q = round to
@@ -56,6 +69,15 @@ typedef struct {
     /* Attention helpers over one head's f16 keys/values. */
     float (*dot_f16)(const uint16_t *a, const float *b, int64_t n);
     void  (*axpy_f16)(float *y, float a, const uint16_t *x, int64_t n);
+    /* (optional) s[r] = scale * (q . k_r) for the n rows k_r = k + r*hd,
+     * returns the largest s[r]. NULL means dot_f16 row by row. */
+    float (*scores_f16)(float *s, const float *q, const uint16_t *k,
+                        int64_t n, int64_t hd, float scale);
+    /* (optional) y (hd,) += sum of p[r] * v_r for r < n, v_r = v + r*hd,
+     * in an order that depends only on n. NULL means axpy_f16 row by
+     * row. */
+    void  (*mix_f16)(float *y, const float *p, const uint16_t *v, int64_t n,
+                     int64_t hd);
 
     float (*sum_sq)(const float *x, int64_t n);           // sum of x^2
     void  (*scale_mul)(float *y, const float *x, float s, const float *w,

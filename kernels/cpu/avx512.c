@@ -1,0 +1,812 @@
+/* avx512.c -- the CpuVec table for AVX-512 F/BW/VL/DQ/VNNI with FMA and F16C.
+ *
+ * Matmul is one register-tiled body, tile(), instantiated per weight type
+ * and tile shape. An (MR x NR) tile keeps zmm accumulators per output (two
+ * for f types, one for q types, see "the tile body") and walks k in steps;
+ * per step it loads NR weight operands, then for each of the MR activation
+ * rows loads that row's operand and updates NR accumulators. gemm_any()
+ * runs tiles over panels of weight rows and blocks of k for the caches,
+ * and decode (one activation row) row after row. Only the step differs
+ * between types:
+ *
+ *   f32, f16, bf16 weights: 16 elements per step, activations stay f32.
+ *     f16 widens with vcvtph2ps, bf16 with a zero-extend and shift; one FMA
+ *     per output. Keeping activations f32 (llama.cpp rounds them to f16)
+ *     costs one load instead of a conversion and loses no precision.
+ *   q8_0, q4_0 weights: 64 elements (two blocks) per step. Activations are
+ *     quantized to Q8_0 once per call and laid out for this loop (xq_conv):
+ *     per step 64 signed bytes, then -128 * (sum of each group of four) as
+ *     16 int32, then the two block scales spread over 8 lanes each. Weights
+ *     become unsigned by adding 128 (q8_0: xor 0x80; q4_0: nibble + 120), so
+ *     one vpdpbusd starting from the correction gives the exact signed dot
+ *     of every group of four. Then per output: convert, multiply the scales
+ *     (activation x weight), FMA. The pair work is 4 instructions per 64
+ *     weights; llama.cpp's AVX-512 q8_0 path spends about 5 per 32.
+ *
+ * Tails are the same step with masked (f) or zero-extended (q) operands, so
+ * the tail of a row is computed identically in every tile. The final
+ * horizontal sum always uses one tree, pairing lanes (l, l+8), (l, l+4),
+ * (l, l+2), (l, l+1); hsum() does it for one accumulator and hsum4() for
+ * four at once with the same pairs, so every output of every tile shape
+ * gets the same bits: the batch invariance contract of vec.h.
+ *
+ * Elementwise kernels use a masked last step rather than a scalar tail: the
+ * vector exp is not the libm one, and an element must not change bits when
+ * it moves between body and tail. */
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "vec.h"
+
+#define INLINE static inline __attribute__((always_inline))
+
+enum { T_F32, T_F16, T_BF16, T_Q8, T_Q4 };
+
+#define XQ_STEP 192             /* bytes per 64 elements of converted x */
+
+
+/* ---- reductions and exp --------------------------------------------------- */
+
+/* Sum of the 16 lanes, tree (l, l+8), (l, l+4), (l, l+2), (l, l+1). */
+INLINE float hsum(__m512 v) {
+    __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v),
+                             _mm512_extractf32x8_ps(v, 1));
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a),
+                          _mm256_extractf128_ps(a, 1));
+    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+
+    return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
+}
+
+/* [hsum(a), hsum(b), hsum(c), hsum(d)] with exactly hsum's pairs. */
+INLINE __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
+    __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44),
+                              _mm512_shuffle_f32x4(a, b, 0xee));
+    __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44),
+                              _mm512_shuffle_f32x4(c, d, 0xee));
+    /* 128-bit lane q now holds the 4 partial sums of output q */
+    __m512 s = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88),
+                             _mm512_shuffle_f32x4(ab, cd, 0xdd));
+
+    s = _mm512_add_ps(s, _mm512_permute_ps(s, 0x4e));
+    s = _mm512_add_ps(s, _mm512_permute_ps(s, 0xb1));
+    return _mm512_castps512_ps128(_mm512_permutexvar_ps(
+        _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+        s));
+}
+
+INLINE __mmask16 tail16(int64_t n) {
+    return (__mmask16) ((1u << n) - 1);
+}
+
+/* e^x to about 1 ulp: x = n ln2 + r, |r| <= ln2/2, a degree 6 polynomial
+ * (Cephes expf) for e^r and vscalefps for 2^n, which also handles the
+ * underflow to 0 and overflow to inf the clamp leaves. */
+INLINE __m512 exp16(__m512 x) {
+    __m512 n, r, p;
+
+    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.8f)),
+                      _mm512_set1_ps(-104.0f));
+    n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r),
+                        _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+
+/* ---- matmul: one step of each weight type ---------------------------------- */
+
+/* A weight step: f (16 floats) or q (64 unsigned bytes) with d, each
+ * block's scale on its 8 lanes. Unused members compile away. */
+typedef struct {
+    __m512  f;
+    __m512i q;
+    __m512  d;
+} WOp;
+
+/* An activation step: f (16 floats) or q (64 signed bytes), c (the
+ * correction for the +128 bias of the weights) and d (scales). */
+typedef struct {
+    __m512  f;
+    __m512i q, c;
+    __m512  d;
+} XOp;
+
+/* The two block scales of a step as [d0 x8, d1 x8]; d1 = 0 when half. */
+INLINE __m512 block_scales(uint16_t d0, uint16_t d1) {
+    __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128((int) (d0 | (uint32_t) d1 << 16)));
+
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0,
+                                                   1, 1, 1, 1, 1, 1, 1, 1),
+                                 _mm512_castps128_ps512(f));
+}
+
+/* Step s of a weight row; rem != 0 marks the last, partial step of rem
+ * elements (f types) or one block (q types). */
+INLINE WOp load_w(const int T, const char *w, int64_t s, int rem) {
+    WOp o;
+
+    if (T == T_F32) {
+        const float *p = (const float *) w + s * 16;
+
+        o.f = rem ? _mm512_maskz_loadu_ps(tail16(rem), p) : _mm512_loadu_ps(p);
+    } else if (T == T_F16 || T == T_BF16) {
+        const uint16_t *p = (const uint16_t *) w + s * 16;
+        __m256i h = rem ? _mm256_maskz_loadu_epi16(tail16(rem), p)
+                        : _mm256_loadu_si256((const __m256i *) p);
+
+        if (T == T_F16) {
+            o.f = _mm512_cvtph_ps(h);
+        } else {
+            o.f = _mm512_castsi512_ps(
+                _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+        }
+    } else if (T == T_Q8) {
+        const BlockQ8_0 *b = (const BlockQ8_0 *) w + s * 2;
+        __m256i lo = _mm256_loadu_si256((const __m256i *) b[0].qs);
+        __m512i q = rem ? _mm512_zextsi256_si512(lo)
+                        : _mm512_inserti64x4(_mm512_castsi256_si512(lo),
+                              _mm256_loadu_si256((const __m256i *) b[1].qs), 1);
+
+        o.q = _mm512_xor_si512(q, _mm512_set1_epi8((char) 0x80));
+        o.d = block_scales(b[0].d, rem ? 0 : b[1].d);
+    } else {
+        /* quarters: block 0 low nibbles (elements 0..15), high nibbles
+           (16..31), then block 1 likewise */
+        const BlockQ4_0 *b = (const BlockQ4_0 *) w + s * 2;
+        __m128i lo = _mm_loadu_si128((const __m128i *) b[0].qs);
+        __m128i hi = rem ? _mm_setzero_si128()
+                         : _mm_loadu_si128((const __m128i *) b[1].qs);
+        __m512i q = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(lo),
+                                                0xff00, hi);
+
+        q = _mm512_mask_srli_epi16(q, 0xff00ff00, q, 4);
+        q = _mm512_and_si512(q, _mm512_set1_epi8(0x0f));
+        o.q = _mm512_add_epi8(q, _mm512_set1_epi8(120));    /* q - 8 + 128 */
+        o.d = block_scales(b[0].d, rem ? 0 : b[1].d);
+    }
+    return o;
+}
+
+INLINE XOp load_x(const int T, const char *x, int64_t s, int rem) {
+    XOp o;
+
+    if (T <= T_BF16) {
+        const float *p = (const float *) x + s * 16;
+
+        o.f = rem ? _mm512_maskz_loadu_ps(tail16(rem), p) : _mm512_loadu_ps(p);
+        /* one load per row and step: GCC would otherwise fold the load
+           into every FMA that uses it, doubling the load traffic */
+        __asm__("" : "+v"(o.f));
+    } else {
+        /* converted rows are whole steps, zero-padded: rem needs nothing */
+        const char *p = x + s * XQ_STEP;
+
+        o.q = _mm512_loadu_si512(p);
+        o.c = _mm512_loadu_si512(p + 64);
+        o.d = _mm512_loadu_ps((const float *) (p + 128));
+    }
+    return o;
+}
+
+INLINE __m512 madd(const int T, XOp x, WOp w, __m512 acc) {
+    __m512i p;
+
+    if (T <= T_BF16) return _mm512_fmadd_ps(x.f, w.f, acc);
+    p = _mm512_dpbusd_epi32(x.c, w.q, x.q);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(x.d, w.d),
+                           acc);
+}
+
+
+/* ---- matmul: the tile body -------------------------------------------------- */
+
+/* Tiles and blocking, all measured with 2 threads on Zen 5 (see
+ * bench/bench_kernels.c):
+ *
+ * f types keep 2 accumulators per output, steps alternating between them:
+ * decode reads one weight row at a time, and with a single FMA chain (4
+ * cycles per 16 weights) it reached 45 GB/s at k = 2048 and 31 at 5632;
+ * with two, 50 and 37. The price is registers: 4x3 outputs x 2 = 24
+ * accumulators, where one accumulator allowed 6x4 tiles, about 8% faster
+ * in prefill; decode is worth more (each token reads every weight). A
+ * 4x3 tile also reuses each activation load less, which is why k is
+ * blocked below. q types stay at one accumulator (their chain advances 64
+ * weights per FMA) and take 4x4 tiles, 10-30% faster than 6x3, 3x5, 3x4.
+ *
+ * A call covers up to mr activation rows against any number of weight
+ * rows. Batches walk them in panels of PANEL rows; within a panel k is cut
+ * into blocks of KC elements, so one block of the activation tile stays in
+ * L1 while every weight tile of the panel streams past it. Between blocks
+ * the accumulators themselves (not sums) are parked in a stack scratch,
+ * so a blocked output sees exactly the operations of an unblocked one:
+ * decode runs rows whole and still gets the same bits. Without blocks the
+ * 4x3 f16 tile fell from 365 to 251 GFLOP/s at k = 5632 (activations from
+ * L2); with them 275-280. Summing per block instead would have tied decode
+ * to the blocks too, and one call per row and block cost it 15%. */
+#define F_MR    4
+#define F_NR    3
+#define F_ACC   2
+#define Q_MR    4
+#define Q_NR    4
+#define Q_ACC   1
+#define KC      1024            /* elements per K block (multiple of 128) */
+#define PANEL   48              /* weight rows per panel (multiple of 12) */
+#define ACC_MAX 2
+
+INLINE int t_mr(const int T)   { return T <= T_BF16 ? F_MR : Q_MR; }
+INLINE int t_nr(const int T)   { return T <= T_BF16 ? F_NR : Q_NR; }
+INLINE int t_acc(const int T)  { return T <= T_BF16 ? F_ACC : Q_ACC; }
+INLINE int t_step(const int T) { return T <= T_BF16 ? 16 : 64; }
+
+#define MR_MAX  4               /* of F_MR and Q_MR */
+#define NR_MAX  4               /* of F_NR and Q_NR */
+
+/* Parked accumulators of a panel: (PANEL, MR_MAX, ACC_MAX) vectors, slot
+ * (weight row, activation row, accumulator). */
+#define PARK(j, i, a) (((j) * MR_MAX + (i)) * ACC_MAX + (a))
+
+_Static_assert(F_MR <= MR_MAX && Q_MR <= MR_MAX && F_ACC <= ACC_MAX
+               && Q_ACC <= ACC_MAX, "park too small");
+_Static_assert(PANEL % (F_NR * Q_NR) == 0, "panels must hold whole tiles");
+_Static_assert(KC % (16 * 2 * ACC_MAX) == 0 && KC % 64 == 0,
+               "K blocks must start a round of accumulators and a q step");
+
+INLINE void tile_step(const int T, const int MR, const int NR,
+                      const char *x, size_t ldx, const char *w, size_t ldw,
+                      int64_t s, int rem, __m512 acc[MR_MAX][NR_MAX])
+{
+    WOp wv[NR_MAX];
+
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; j++) wv[j] = load_w(T, w + j * ldw, s, rem);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++) {
+        XOp xv = load_x(T, x + i * ldx, s, rem);
+
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; j++) acc[i][j] = madd(T, xv, wv[j], acc[i][j]);
+    }
+}
+
+/* out (MR, NR) of x (MR, k) . w (NR, k)^T over the elements [k0, k1).
+ * Every output has A accumulators; step s goes into accumulator s % A, the
+ * tail step (k % step elements) into the next one after the last full
+ * step; at k1 == k they are added pairwise and summed by the fixed tree.
+ * k0 > 0 resumes from pk, k1 < k parks there (pk: this tile's slot
+ * PARK(0, 0, 0)). */
+INLINE void tile(const int T, const int MR, const int NR, int64_t k,
+                 int64_t k0, int64_t k1, const char *x, size_t ldx,
+                 const char *w, size_t ldw, float *out, size_t ldo,
+                 __m512 *pk)
+{
+    const int step = t_step(T), A = t_acc(T);
+    int64_t   s = k0 / step, s1 = k1 / step, ns = k / step;
+    int       rem = (int) (k % step);
+    __m512    acc[ACC_MAX][MR_MAX][NR_MAX];
+
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++) {
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; j++) {
+#pragma GCC unroll 2
+            for (int a = 0; a < A; a++) {
+                acc[a][i][j] = k0 == 0 ? _mm512_setzero_ps()
+                                       : pk[PARK(j, i, a)];
+            }
+        }
+    }
+    /* blocks start at multiples of A steps, so s % A == a below */
+    for (; s + A <= s1; s += A) {
+#pragma GCC unroll 2
+        for (int a = 0; a < A; a++) {
+            tile_step(T, MR, NR, x, ldx, w, ldw, s + a, 0, acc[a]);
+        }
+    }
+    if (A == 2 && s < s1) tile_step(T, MR, NR, x, ldx, w, ldw, s, 0, acc[0]);
+    if (k1 < k) {
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; i++) {
+#pragma GCC unroll 8
+            for (int j = 0; j < NR; j++) {
+#pragma GCC unroll 2
+                for (int a = 0; a < A; a++) pk[PARK(j, i, a)] = acc[a][i][j];
+            }
+        }
+        return;
+    }
+    if (rem != 0) {
+        if (A == 1 || ns % 2 == 0) {
+            tile_step(T, MR, NR, x, ldx, w, ldw, ns, rem, acc[0]);
+        } else {
+            tile_step(T, MR, NR, x, ldx, w, ldw, ns, rem, acc[A - 1]);
+        }
+    }
+
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++) {
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; j++) {
+            if (A == 2) acc[0][i][j] = _mm512_add_ps(acc[0][i][j],
+                                                     acc[1][i][j]);
+        }
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; j += 4) {
+            __m512 z = _mm512_setzero_ps();
+            __m128 r = hsum4(acc[0][i][j], j + 1 < NR ? acc[0][i][j + 1] : z,
+                             j + 2 < NR ? acc[0][i][j + 2] : z,
+                             j + 3 < NR ? acc[0][i][j + 3] : z);
+
+            if (NR == 1) {
+                out[i * ldo] = hsum(acc[0][i][0]);
+            } else {
+                _mm_mask_storeu_ps(out + i * ldo + j,
+                                   (__mmask8) ((1u << (NR - j < 4 ? NR - j
+                                                                  : 4)) - 1),
+                                   r);
+            }
+        }
+    }
+}
+
+/* One (mr x NR) tile, or its 1x1 pieces at a weight-row edge (nr < NR,
+ * only at the end of a matrix): a 1x1 tile computes each output exactly as
+ * the big one does. */
+INLINE void tile_any(const int T, int64_t k, int64_t k0, int64_t k1, int mr,
+                     int nr, const char *x, size_t ldx, const char *w,
+                     size_t ldw, float *out, size_t ldo, __m512 *pk)
+{
+    const int NR = t_nr(T);
+
+    if (nr == NR) {
+        switch (mr) {                   /* MR_MAX cases */
+        case 4: tile(T, 4, NR, k, k0, k1, x, ldx, w, ldw, out, ldo, pk);
+                return;
+        case 3: tile(T, 3, NR, k, k0, k1, x, ldx, w, ldw, out, ldo, pk);
+                return;
+        case 2: tile(T, 2, NR, k, k0, k1, x, ldx, w, ldw, out, ldo, pk);
+                return;
+        case 1: tile(T, 1, NR, k, k0, k1, x, ldx, w, ldw, out, ldo, pk);
+                return;
+        }
+    }
+    for (int i = 0; i < mr; i++) {
+        for (int j = 0; j < nr; j++) {
+            tile(T, 1, 1, k, k0, k1, x + i * ldx, ldx, w + j * ldw, ldw,
+                 out + i * ldo + j, ldo, pk + PARK(j, i, 0));
+        }
+    }
+}
+
+/* The gemm of one weight type: out (mr, nr) for mr <= the type's MR and
+ * any nr. One activation row (decode) runs 1x1 tiles over whole rows, one
+ * weight row after the other, so each thread reads a single sequential
+ * stream: measured, streaming 4 rows side by side reached 37 GB/s (f16)
+ * and 25 GB/s (q8_0), one at a time 44 and 40; software prefetch on top
+ * changed nothing measurable. */
+INLINE void gemm_any(const int T, int64_t k, int mr, int nr, const char *x,
+                     size_t ldx, const char *w, size_t ldw, float *out,
+                     size_t ldo)
+{
+    const int NR = t_nr(T);
+    __m512    park[PANEL * MR_MAX * ACC_MAX];
+
+    if (mr == 1) {
+        for (int j = 0; j < nr; j++) {
+            tile(T, 1, 1, k, 0, k, x, ldx, w + j * ldw, ldw, out + j, ldo,
+                 NULL);
+        }
+        return;
+    }
+    for (int p0 = 0; p0 < nr; p0 += PANEL) {
+        int pn = nr - p0 < PANEL ? nr - p0 : PANEL;
+
+        for (int64_t k0 = 0; k0 < k; k0 += KC) {
+            int64_t k1 = k - k0 <= KC ? k : k0 + KC;
+
+            for (int j = 0; j < pn; j += NR) {
+                tile_any(T, k, k0, k1, mr, pn - j < NR ? pn - j : NR, x, ldx,
+                         w + (size_t) (p0 + j) * ldw, ldw, out + p0 + j, ldo,
+                         park + PARK(j, 0, 0));
+            }
+        }
+    }
+}
+
+#define GEMM_FN(name, T)                                                      \
+static void name(int64_t k, int mr, int nr, const void *x, size_t ldx,       \
+                 const void *w, size_t ldw, float *out, size_t ldo) {        \
+    gemm_any(T, k, mr, nr, x, ldx, w, ldw, out, ldo);                         \
+}
+
+GEMM_FN(gemm_f32, T_F32)
+GEMM_FN(gemm_f16, T_F16)
+GEMM_FN(gemm_bf16, T_BF16)
+GEMM_FN(gemm_q8_0, T_Q8)
+GEMM_FN(gemm_q4_0, T_Q4)
+
+
+/* ---- activation conversion ------------------------------------------------ */
+
+/* Quantizes 32 floats exactly as ref.c does: amax and the scale in scalar
+ * f32, q = x * (127 / amax) rounded to nearest even (the MXCSR default).
+ * Returns the f16 scale; q gets the 32 bytes. */
+INLINE uint16_t quant_block(const float *x, __m256i *q) {
+    __m512  a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
+    float   amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a),
+                                                      _mm512_abs_ps(b)));
+    __m512  id = _mm512_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+    __m128i qa = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(a, id)));
+    __m128i qb = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(b, id)));
+
+    *q = _mm256_set_m128i(qb, qa);
+    return f32_to_f16(amax / 127.0f);
+}
+
+static void quantize_q8_0(const float *x, BlockQ8_0 *y, int64_t k) {
+    for (int64_t b = 0; b < k / QK; b++) {
+        __m256i q;
+
+        y[b].d = quant_block(x + b * QK, &q);
+        _mm256_storeu_si256((__m256i *) y[b].qs, q);
+    }
+}
+
+static size_t xq_bytes(int64_t k) {
+    return (size_t) ((k + 63) / 64) * XQ_STEP;
+}
+
+/* The q-weight activation layout (see the top of the file): per 64
+ * elements, the signed bytes, -128 * sum of each group of four (cancels
+ * the +128 on the weights), the scales as floats. A last half step is
+ * zero-padded, which makes it contribute nothing. */
+static void xq_conv(const float *x, void *y, int64_t k) {
+    char *o = y;
+
+    for (int64_t e = 0; e < k; e += 64, o += XQ_STEP) {
+        __m256i  q0, q1 = _mm256_setzero_si256();
+        float    d0 = f16_to_f32(quant_block(x + e, &q0)), d1 = 0.0f;
+        __m512i  q, c;
+
+        if (e + 32 < k) d1 = f16_to_f32(quant_block(x + e + 32, &q1));
+        q = _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1);
+        c = _mm512_dpbusd_epi32(_mm512_setzero_si512(),
+                                _mm512_set1_epi8((char) 0x80), q);
+        _mm512_storeu_si512(o, q);
+        _mm512_storeu_si512(o + 64, _mm512_sub_epi32(_mm512_setzero_si512(),
+                                                     c));
+        _mm512_storeu_ps(o + 128, _mm512_insertf32x8(_mm512_set1_ps(d0),
+                                                     _mm256_set1_ps(d1), 1));
+    }
+}
+
+
+/* ---- conversions ---------------------------------------------------------- */
+
+static void to_f16(const float *x, uint16_t *y, int64_t n) {
+    int64_t i = 0;
+
+    for (; i + 16 <= n; i += 16) {
+        _mm256_storeu_si256((__m256i *) (y + i), _mm512_cvtps_ph(
+            _mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT
+                                    | _MM_FROUND_NO_EXC));
+    }
+    /* vcvtps2ph rounds like f32_to_f16, so the tail gives the same bits */
+    for (; i < n; i++) y[i] = f32_to_f16(x[i]);
+}
+
+static void dequantize(DType t, const void *row, float *y, int64_t n) {
+    const uint16_t *h = row;
+    int64_t         i = 0;
+
+    switch (t) {
+    case DT_F16:
+    case DT_BF16:
+        for (; i + 16 <= n; i += 16) {
+            __m256i v = _mm256_loadu_si256((const __m256i *) (h + i));
+
+            _mm512_storeu_ps(y + i, t == DT_F16 ? _mm512_cvtph_ps(v)
+                : _mm512_castsi512_ps(_mm512_slli_epi32(
+                      _mm512_cvtepu16_epi32(v), 16)));
+        }
+        for (; i < n; i++) {
+            y[i] = t == DT_F16 ? f16_to_f32(h[i]) : bf16_to_f32(h[i]);
+        }
+        return;
+    case DT_Q8_0:
+        for (int64_t b = 0; b < n / QK; b++) {
+            const BlockQ8_0 *q = (const BlockQ8_0 *) row + b;
+            __m512 d = _mm512_set1_ps(f16_to_f32(q->d));
+
+            for (int j = 0; j < QK; j += 16) {
+                __m128i v = _mm_loadu_si128((const __m128i *) (q->qs + j));
+
+                _mm512_storeu_ps(y + b * QK + j, _mm512_mul_ps(d,
+                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v))));
+            }
+        }
+        return;
+    default:
+        /* f32 is a copy; q4_0 rows are only ever embeddings of tiny
+           test models, so the scalar path is fast enough */
+        dequantize_row(t, row, y, n);
+        return;
+    }
+}
+
+
+/* ---- attention ------------------------------------------------------------- */
+
+static float dot_f16(const uint16_t *a, const float *b, int64_t n) {
+    __m512  acc = _mm512_setzero_ps();
+    int64_t i = 0;
+
+    for (; i + 16 <= n; i += 16) {
+        acc = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256(
+            (const __m256i *) (a + i))), _mm512_loadu_ps(b + i), acc);
+    }
+    if (i < n) {
+        __mmask16 m = tail16(n - i);
+
+        acc = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m,
+            a + i)), _mm512_maskz_loadu_ps(m, b + i), acc);
+    }
+    return hsum(acc);
+}
+
+static void axpy_f16(float *y, float a, const uint16_t *x, int64_t n) {
+    __m512  va = _mm512_set1_ps(a);
+    int64_t i = 0;
+
+    for (; i + 16 <= n; i += 16) {
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_cvtph_ps(
+            _mm256_loadu_si256((const __m256i *) (x + i))),
+            _mm512_loadu_ps(y + i)));
+    }
+    if (i < n) {
+        __mmask16 m = tail16(n - i);
+
+        _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(va, _mm512_cvtph_ps(
+            _mm256_maskz_loadu_epi16(m, x + i)), _mm512_maskz_loadu_ps(m,
+            y + i)));
+    }
+}
+
+/* Scores of 16 keys (nr of them valid) as one vector: one accumulator per
+ * key, summed by four hsum4, so a key's score does not depend on which
+ * group or position it is in. FULL (16 keys, hd % 16 == 0) is the same
+ * body with every mask constant, which lets the compiler drop them. */
+INLINE __m512 scores16(const int FULL, const float *q, const uint16_t *k,
+                       int nr, int64_t hd)
+{
+    __m512 acc[16], sc;
+
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < hd; d += 16) {
+        __mmask16 m = FULL || hd - d >= 16 ? 0xffff : tail16(hd - d);
+        __m512    qv = _mm512_maskz_loadu_ps(m, q + d);
+
+#pragma GCC unroll 16
+        for (int r = 0; r < 16; r++) {
+            /* rows past nr load nothing (mask 0), so never fault */
+            __mmask16 mr = FULL || r < nr ? m : 0;
+
+            acc[r] = _mm512_fmadd_ps(qv, _mm512_cvtph_ps(
+                _mm256_maskz_loadu_epi16(mr, k + r * hd + d)), acc[r]);
+        }
+    }
+    sc = _mm512_insertf32x4(_mm512_castps128_ps512(
+             hsum4(acc[0], acc[1], acc[2], acc[3])),
+             hsum4(acc[4], acc[5], acc[6], acc[7]), 1);
+    sc = _mm512_insertf32x4(sc, hsum4(acc[8], acc[9], acc[10], acc[11]), 2);
+    return _mm512_insertf32x4(sc, hsum4(acc[12], acc[13], acc[14], acc[15]),
+                              3);
+}
+
+static float scores_f16(float *s, const float *q, const uint16_t *k,
+                        int64_t n, int64_t hd, float scale)
+{
+    __m512  vmax = _mm512_set1_ps(-INFINITY), vs = _mm512_set1_ps(scale);
+    int64_t r0 = 0;
+
+    if (hd % 16 == 0) {
+        for (; r0 + 16 <= n; r0 += 16) {
+            __m512 sc = _mm512_mul_ps(scores16(1, q, k + r0 * hd, 16, hd), vs);
+
+            _mm512_storeu_ps(s + r0, sc);
+            vmax = _mm512_max_ps(vmax, sc);
+        }
+    }
+    for (; r0 < n; r0 += 16) {
+        int    nr = n - r0 < 16 ? (int) (n - r0) : 16;
+        __m512 sc = _mm512_mul_ps(scores16(0, q, k + r0 * hd, nr, hd), vs);
+
+        _mm512_mask_storeu_ps(s + r0, tail16(nr), sc);
+        vmax = _mm512_mask_max_ps(vmax, tail16(nr), vmax, sc);
+    }
+    return _mm512_reduce_max_ps(vmax);
+}
+
+/* 64 columns at a time. Each row adds into one of two sets of four
+ * accumulators, even rows into the first (which starts from y), odd rows
+ * into the second, and the sets are added at the end: with one set every
+ * row waited on the FMA latency. The order depends only on n, as vec.h
+ * asks. */
+static void mix_f16(float *y, const float *p, const uint16_t *v, int64_t n,
+                    int64_t hd)
+{
+    for (int64_t d0 = 0; d0 < hd; d0 += 64) {
+        __mmask16 m[4];
+        __m512    a0[4], a1[4];
+        int64_t   r = 0;
+
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            int64_t left = hd - d0 - c * 16;
+
+            m[c] = left >= 16 ? 0xffff : left > 0 ? tail16(left) : 0;
+            a0[c] = _mm512_maskz_loadu_ps(m[c], y + d0 + c * 16);
+            a1[c] = _mm512_setzero_ps();
+        }
+        for (; r + 2 <= n; r += 2) {
+            __m512          p0 = _mm512_set1_ps(p[r]);
+            __m512          p1 = _mm512_set1_ps(p[r + 1]);
+            const uint16_t *v0 = v + r * hd + d0, *v1 = v0 + hd;
+
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                a0[c] = _mm512_fmadd_ps(p0, _mm512_cvtph_ps(
+                    _mm256_maskz_loadu_epi16(m[c], v0 + c * 16)), a0[c]);
+                a1[c] = _mm512_fmadd_ps(p1, _mm512_cvtph_ps(
+                    _mm256_maskz_loadu_epi16(m[c], v1 + c * 16)), a1[c]);
+            }
+        }
+        if (r < n) {
+            __m512 p0 = _mm512_set1_ps(p[r]);
+
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                a0[c] = _mm512_fmadd_ps(p0, _mm512_cvtph_ps(
+                    _mm256_maskz_loadu_epi16(m[c], v + r * hd + d0 + c * 16)),
+                    a0[c]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            _mm512_mask_storeu_ps(y + d0 + c * 16, m[c],
+                                  _mm512_add_ps(a0[c], a1[c]));
+        }
+    }
+}
+
+
+/* ---- elementwise ------------------------------------------------------------ */
+
+static float sum_sq(const float *x, int64_t n) {
+    __m512  acc = _mm512_setzero_ps();
+    int64_t i = 0;
+
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(x + i);
+
+        acc = _mm512_fmadd_ps(v, v, acc);
+    }
+    if (i < n) {
+        __m512 v = _mm512_maskz_loadu_ps(tail16(n - i), x + i);
+
+        acc = _mm512_fmadd_ps(v, v, acc);
+    }
+    return hsum(acc);
+}
+
+/* (x * s) * w, ref.c's order, so the result is bit-exact with it. */
+static void scale_mul(float *y, const float *x, float s, const float *w,
+                      int64_t n)
+{
+    __m512  vs = _mm512_set1_ps(s);
+    int64_t i = 0;
+
+    for (; i + 16 <= n; i += 16) {
+        _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_mul_ps(
+            _mm512_loadu_ps(x + i), vs), _mm512_loadu_ps(w + i)));
+    }
+    for (; i < n; i++) y[i] = x[i] * s * w[i];
+}
+
+INLINE __m512 silu_mul16(__m512 g, __m512 u) {
+    __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+
+    return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f),
+                                                        e)), u);
+}
+
+static void silu_mul(float *y, const float *g, const float *u, int64_t n) {
+    int64_t i = 0;
+
+    for (; i + 16 <= n; i += 16) {
+        _mm512_storeu_ps(y + i, silu_mul16(_mm512_loadu_ps(g + i),
+                                           _mm512_loadu_ps(u + i)));
+    }
+    if (i < n) {
+        __mmask16 m = tail16(n - i);
+
+        _mm512_mask_storeu_ps(y + i, m, silu_mul16(
+            _mm512_maskz_loadu_ps(m, g + i), _mm512_maskz_loadu_ps(m, u + i)));
+    }
+}
+
+static float exp_sum(float *y, const float *x, float max, int64_t n) {
+    __m512  vm = _mm512_set1_ps(max), acc = _mm512_setzero_ps();
+    int64_t i = 0;
+
+    for (; i + 16 <= n; i += 16) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), vm));
+
+        _mm512_storeu_ps(y + i, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    if (i < n) {
+        __mmask16 m = tail16(n - i);
+        __m512    e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vm));
+
+        _mm512_mask_storeu_ps(y + i, m, e);
+        acc = _mm512_mask_add_ps(acc, m, acc, e);
+    }
+    return hsum(acc);
+}
+
+static void add(float *y, const float *x, int64_t n) {
+    int64_t i = 0;
+
+    for (; i + 16 <= n; i += 16) {
+        _mm512_storeu_ps(y + i, _mm512_add_ps(_mm512_loadu_ps(y + i),
+                                              _mm512_loadu_ps(x + i)));
+    }
+    for (; i < n; i++) y[i] += x[i];
+}
+
+static void scale(float *y, float s, int64_t n) {
+    __m512  vs = _mm512_set1_ps(s);
+    int64_t i = 0;
+
+    for (; i + 16 <= n; i += 16) {
+        _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_loadu_ps(y + i), vs));
+    }
+    for (; i < n; i++) y[i] *= s;
+}
+
+const CpuVec cpu_vec_avx512 = {
+    .name = "avx512",
+    .mm = {
+        { DT_F32,  gemm_f32,  F_MR, F_NR, NULL, NULL },
+        { DT_F32,  gemm_f16,  F_MR, F_NR, NULL, NULL },
+        { DT_F32,  gemm_bf16, F_MR, F_NR, NULL, NULL },
+        { DT_Q8_0, gemm_q8_0, Q_MR, Q_NR, xq_conv, xq_bytes },
+        { DT_Q8_0, gemm_q4_0, Q_MR, Q_NR, xq_conv, xq_bytes },
+    },
+    .quantize_q8_0 = quantize_q8_0,
+    .to_f16 = to_f16,
+    .dequantize = dequantize,
+    .dot_f16 = dot_f16,
+    .axpy_f16 = axpy_f16,
+    .scores_f16 = scores_f16,
+    .mix_f16 = mix_f16,
+    .sum_sq = sum_sq,
+    .scale_mul = scale_mul,
+    .silu_mul = silu_mul,
+    .exp_sum = exp_sum,
+    .add = add,
+    .scale = scale,
+};
