@@ -143,21 +143,7 @@ static void *make_weights(DType t, int64_t rows, int64_t cols, size_t *rb) {
         char *row = pattern + (size_t) r * *rb;
 
         for (int64_t i = 0; i < cols; i++) src[i] = rnd();
-        switch (t) {
-        case DT_F32:  memcpy(row, src, *rb); break;
-        case DT_F16:
-            for (int64_t i = 0; i < cols; i++) {
-                ((uint16_t *) row)[i] = f32_to_f16(src[i]);
-            }
-            break;
-        case DT_BF16:
-            for (int64_t i = 0; i < cols; i++) {
-                ((uint16_t *) row)[i] = f32_to_bf16(src[i]);
-            }
-            break;
-        case DT_Q8_0: quantize_row_q8_0_ref(src, (BlockQ8_0 *) row, cols); break;
-        case DT_Q4_0: quantize_row_q4_0_ref(src, (BlockQ4_0 *) row, cols); break;
-        }
+        quantize_row(t, src, row, cols);
     }
     for (int64_t r = 0; r < rows; r++) {
         memcpy(d + (size_t) r * *rb, pattern + (size_t) (r % 64) * *rb, *rb);

@@ -133,27 +133,7 @@ static void fill_tensor(const TensorSpec *t, Rng *rng, void *data, float *row)
         for (int64_t i = 0; i < t->ne[0]; i++) {
             row[i] = t->fill != 0.0f ? t->fill : rng_weight(rng);
         }
-        switch (t->type) {
-        case DT_F32:
-            memcpy(dst, row, rb);
-            break;
-        case DT_F16:
-            for (int64_t i = 0; i < t->ne[0]; i++) {
-                ((uint16_t *) dst)[i] = f32_to_f16(row[i]);
-            }
-            break;
-        case DT_BF16:
-            for (int64_t i = 0; i < t->ne[0]; i++) {
-                ((uint16_t *) dst)[i] = f32_to_bf16(row[i]);
-            }
-            break;
-        case DT_Q8_0:
-            quantize_row_q8_0_ref(row, (BlockQ8_0 *) dst, t->ne[0]);
-            break;
-        case DT_Q4_0:
-            quantize_row_q4_0_ref(row, (BlockQ4_0 *) dst, t->ne[0]);
-            break;
-        }
+        quantize_row(t->type, row, dst, t->ne[0]);
     }
 }
 

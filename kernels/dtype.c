@@ -75,6 +75,28 @@ void quantize_row_q4_0_ref(const float *x, BlockQ4_0 *y, int64_t k) {
     }
 }
 
+void quantize_row(DType t, const float *src, void *dst, int64_t n) {
+    uint16_t *h = dst;
+
+    switch (t) {
+    case DT_F32:
+        memcpy(dst, src, (size_t) n * 4);
+        return;
+    case DT_F16:
+        for (int64_t i = 0; i < n; i++) h[i] = f32_to_f16(src[i]);
+        return;
+    case DT_BF16:
+        for (int64_t i = 0; i < n; i++) h[i] = f32_to_bf16(src[i]);
+        return;
+    case DT_Q8_0:
+        quantize_row_q8_0_ref(src, dst, n);
+        return;
+    case DT_Q4_0:
+        quantize_row_q4_0_ref(src, dst, n);
+        return;
+    }
+}
+
 void dequantize_row(DType t, const void *row, float *out, int64_t n) {
     const uint16_t  *h = row;
     const BlockQ8_0 *q8 = row;

@@ -106,6 +106,9 @@ static inline uint16_t f32_to_bf16(float f) {
 /* Reference quantizers (ggml's rounding), used to write model files. */
 void quantize_row_q8_0_ref(const float *x, BlockQ8_0 *y, int64_t k);
 void quantize_row_q4_0_ref(const float *x, BlockQ4_0 *y, int64_t k);
+/* Stores a row of n f32 values as type t (the reference rounding); the
+ * inverse of dequantize_row. */
+void quantize_row(DType t, const float *src, void *dst, int64_t n);
 /* Converts a row of n elements of type t to f32. */
 void dequantize_row(DType t, const void *row, float *out, int64_t n);
 

@@ -25,6 +25,8 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include "testutil.h"
+
 #include "chat.h"
 
 #define MAX_CASES 64
@@ -179,47 +181,7 @@ static const struct { const char *file, *family; } jinja_family[] = {
 
 /* ---- reading llama.cpp ---- */
 
-static char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    char *buf;
-    long  n;
 
-    if (f == NULL) return NULL;
-    fseek(f, 0, SEEK_END);
-    n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    buf = malloc((size_t) n + 1);
-    if (buf != NULL && fread(buf, 1, (size_t) n, f) != (size_t) n) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    if (buf == NULL) return NULL;
-    buf[n] = '\0';
-    if (len != NULL) *len = (size_t) n;
-    return buf;
-}
-
-/* The checkout: $OMNI_LLAMA_SRC, else the last line t/fetch-llama-src
- * prints (run from the repository root, as make test does). */
-static int find_llama_src(char *dst, size_t cap) {
-    const char *env = getenv("OMNI_LLAMA_SRC");
-    char        line[4096];
-    FILE       *p;
-
-    dst[0] = '\0';
-    if (env != NULL && *env != '\0') {
-        snprintf(dst, cap, "%s", env);
-        return 0;
-    }
-    p = popen("t/fetch-llama-src", "r");
-    if (p == NULL) return -1;
-    while (fgets(line, sizeof(line), p) != NULL) {
-        line[strcspn(line, "\n")] = '\0';
-        if (line[0] != '\0') snprintf(dst, cap, "%s", line);
-    }
-    return pclose(p) == 0 && dst[0] != '\0' ? 0 : -1;
-}
 
 /* Decodes the C++ string literal starting after the opening quote at *pp;
  * leaves *pp after the closing quote. */
@@ -394,7 +356,7 @@ static void test_llama_cpp_jinja_files(void **state) {
         size_t      n = strlen(e->d_name);
         const char *want = NULL;
         char       *text;
-        size_t      len;
+        size_t      len = 0;
         bool        known, listed = false;
         ChatTemplate t;
 

@@ -107,21 +107,7 @@ static void mat_make(TestMat *tm, DType t, int64_t rows, int64_t cols) {
         void *row = d + r * rb;
 
         fill(src, cols, 1.0f);
-        switch (t) {
-        case DT_F32:  memcpy(row, src, rb); break;
-        case DT_F16:
-            for (int64_t i = 0; i < cols; i++) {
-                ((uint16_t *) row)[i] = f32_to_f16(src[i]);
-            }
-            break;
-        case DT_BF16:
-            for (int64_t i = 0; i < cols; i++) {
-                ((uint16_t *) row)[i] = f32_to_bf16(src[i]);
-            }
-            break;
-        case DT_Q8_0: quantize_row_q8_0_ref(src, row, cols); break;
-        case DT_Q4_0: quantize_row_q4_0_ref(src, row, cols); break;
-        }
+        quantize_row(t, src, row, cols);
         dequantize_row(t, row, tm->deq + r * cols, cols);
     }
     tm->data = d;

@@ -22,6 +22,8 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include "testutil.h"
+
 #include "gguf.h"
 #include "tokenizer.h"
 
@@ -52,26 +54,6 @@ typedef struct {
 
 /* ---- Setup --------------------------------------------------------------- */
 
-/* The checkout: $OMNI_LLAMA_SRC, else the last line t/fetch-llama-src
- * prints (run from the repository root, as make test does). */
-static int find_llama_src(char *dst, size_t cap) {
-    const char *env = getenv("OMNI_LLAMA_SRC");
-    char        line[4096];
-    FILE       *p;
-
-    dst[0] = '\0';
-    if (env != NULL && *env != '\0') {
-        snprintf(dst, cap, "%s", env);
-        return 0;
-    }
-    p = popen("t/fetch-llama-src", "r");
-    if (p == NULL) return -1;
-    while (fgets(line, sizeof(line), p) != NULL) {
-        line[strcspn(line, "\n")] = '\0';
-        if (line[0] != '\0') snprintf(dst, cap, "%s", line);
-    }
-    return pclose(p) == 0 && dst[0] != '\0' ? 0 : -1;
-}
 
 static void find_stories(char *dst, size_t cap) {
     const char *env = getenv("OMNI_MODEL");
@@ -151,26 +133,6 @@ static const Tokenizer *stories(void **state) {
 
 /* ---- Helpers ------------------------------------------------------------- */
 
-static char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    char *buf;
-    long  n;
-
-    if (f == NULL) return NULL;
-    fseek(f, 0, SEEK_END);
-    n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    buf = malloc((size_t) n + 1);
-    if (buf != NULL && fread(buf, 1, (size_t) n, f) != (size_t) n) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    if (buf == NULL) return NULL;
-    buf[n] = '\0';
-    *len = (size_t) n;
-    return buf;
-}
 
 #define expect_ids(tk, text, add, parse, ...) \
     expect_ids_(tk, text, add, parse, (const int32_t[]) { __VA_ARGS__ }, \

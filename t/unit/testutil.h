@@ -1,0 +1,58 @@
+/* testutil.h -- helpers the unit test programs share: reading a whole file
+ * and finding the llama.cpp checkout whose data (tokenizer vectors, chat
+ * template cases) the tests compare against. Header-only: each test program
+ * is one translation unit plus libomni. */
+
+#ifndef OMNI_TESTUTIL_H
+#define OMNI_TESTUTIL_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The whole file, NUL-terminated, malloc'd (caller frees); *len (if not
+ * NULL) gets its size. NULL when it cannot be read. */
+static inline char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    char *buf;
+    long  n;
+
+    if (len != NULL) *len = 0;
+    if (f == NULL) return NULL;
+    fseek(f, 0, SEEK_END);
+    n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    buf = n >= 0 ? malloc((size_t) n + 1) : NULL;
+    if (buf != NULL && fread(buf, 1, (size_t) n, f) != (size_t) n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (buf == NULL) return NULL;
+    buf[n] = '\0';
+    if (len != NULL) *len = (size_t) n;
+    return buf;
+}
+
+/* The checkout: $OMNI_LLAMA_SRC, else the last line t/fetch-llama-src
+ * prints (run from the repository root, as make test does). 0 on success. */
+static inline int find_llama_src(char *dst, size_t cap) {
+    const char *env = getenv("OMNI_LLAMA_SRC");
+    char        line[4096];
+    FILE       *p;
+
+    dst[0] = '\0';
+    if (env != NULL && *env != '\0') {
+        snprintf(dst, cap, "%s", env);
+        return 0;
+    }
+    p = popen("t/fetch-llama-src", "r");
+    if (p == NULL) return -1;
+    while (fgets(line, sizeof(line), p) != NULL) {
+        line[strcspn(line, "\n")] = '\0';
+        if (line[0] != '\0') snprintf(dst, cap, "%s", line);
+    }
+    return pclose(p) == 0 && dst[0] != '\0' ? 0 : -1;
+}
+
+#endif
