@@ -106,7 +106,7 @@ $(BUILD)/bench/bench_kernels: bench/bench_kernels.c $(BUILD)/libomni.a
 # Debian packages: build, then tests. `make deps` installs only what is
 # missing, so it is quick on a machine that has them.
 BUILD_PKGS := gcc make libpcre2-dev
-TEST_PKGS  := libcmocka-dev clang perl git ca-certificates \
+TEST_PKGS  := libcmocka-dev clang libclang-rt-14-dev perl git ca-certificates \
               $(if $(shell command -v npm),,npm)
 BENCH_PKGS := cmake g++ git ca-certificates $(if $(shell command -v npm),,npm)
 

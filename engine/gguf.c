@@ -394,9 +394,61 @@ int gguf_open_buffer(GGUF *g, const void *buf, size_t size, const char *name,
     return 0;
 }
 
-int gguf_open(GGUF *g, const char *path, Err *err) {
+/* Maps the file read-only: instant, and the pages are the page cache's,
+ * shared with every process that maps the same file. */
+static void *load_map(int fd, size_t size, const char *path, Err *err) {
+    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+
+    if (map == MAP_FAILED) {
+        err_set(err, "%s: mmap failed: %s", path, strerror(errno));
+        return NULL;
+    }
+    return map;
+}
+
+/* Reads the file into private memory aligned to, and advised onto,
+ * transparent huge pages. A decode step streams every weight once: with
+ * 4 KiB page-cache pages the hardware prefetchers stop at every page and
+ * each page costs a TLB walk; on huge pages single-stream decode measured
+ * about 20% faster (1B F16, 2 threads). The memory is made read-only once
+ * filled. The region to unmap goes to *region and *region_len. */
+static void *load_copy(int fd, size_t size, const char *path, void **region,
+                       size_t *region_len, Err *err)
+{
+    size_t   huge = (size_t) 2 << 20;
+    size_t   len = (size + huge - 1) / huge * huge + huge, off = 0;
+    char    *p, *base;
+
+    p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+             -1, 0);
+    if (p == MAP_FAILED) {
+        err_set(err, "%s: cannot allocate %zu bytes for the weights: %s",
+                path, size, strerror(errno));
+        return NULL;
+    }
+    base = (char *) (((uintptr_t) p + huge - 1) & ~(uintptr_t) (huge - 1));
+    /* a kernel without transparent huge pages refuses: still correct */
+    (void) madvise(base, len - (size_t) (base - p) - huge, MADV_HUGEPAGE);
+    while (off < size) {
+        ssize_t n = pread(fd, base + off, size - off, (off_t) off);
+
+        if (n <= 0) {
+            munmap(p, len);
+            err_set(err, "%s: read failed at byte %zu: %s", path, off,
+                    n < 0 ? strerror(errno) : "the file shrank");
+            return NULL;
+        }
+        off += (size_t) n;
+    }
+    (void) mprotect(base, size, PROT_READ);
+    *region = p;
+    *region_len = len;
+    return base;
+}
+
+int gguf_load(GGUF *g, const char *path, GGUFLoad how, Err *err) {
     struct stat st;
-    void       *map;
+    void       *base;
     int         fd;
 
     memset(g, 0, sizeof(*g));
@@ -412,19 +464,27 @@ int gguf_open(GGUF *g, const char *path, Err *err) {
         return err_set(err, "%s: file is truncated: %lld bytes is too short "
                        "for a GGUF header", path, (long long) st.st_size);
     }
-    map = mmap(NULL, (size_t) st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (map == MAP_FAILED) {
-        return err_set(err, "%s: mmap failed: %s", path, strerror(errno));
+    if (how == GGUF_COPY) {
+        base = load_copy(fd, (size_t) st.st_size, path, &g->region,
+                         &g->region_len, err);
+    } else {
+        base = load_map(fd, (size_t) st.st_size, path, err);
+        g->region = base;
+        g->region_len = (size_t) st.st_size;
     }
-    g->base = map;
+    close(fd);
+    if (base == NULL) return -1;
+    g->base = base;
     g->size = (size_t) st.st_size;
-    g->mapped = true;
     if (parse(g, err) != 0) {
         gguf_close(g);
         return -1;
     }
     return 0;
+}
+
+int gguf_open(GGUF *g, const char *path, Err *err) {
+    return gguf_load(g, path, GGUF_MAP, err);
 }
 
 void gguf_close(GGUF *g) {
@@ -433,7 +493,7 @@ void gguf_close(GGUF *g) {
         free(g->kv);
     }
     free(g->tensors);
-    if (g->mapped && g->base != NULL) munmap((void *) g->base, g->size);
+    if (g->region != NULL) munmap(g->region, g->region_len);
     memset(g, 0, sizeof(*g));
 }
 

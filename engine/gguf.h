@@ -20,7 +20,8 @@
  *   padding to `general.alignment` (uint32, default 32, a power of two)
  *   data section
  *
- * The file is memory-mapped read-only. Every count, length, offset and size
+ * The file is memory-mapped read-only, or read into private huge-page
+ * memory (GGUF_COPY, faster to stream weights from). Every count, length, offset and size
  * is checked against the bytes that remain before it is used, with overflow
  * checks on every product and sum; a bad file yields one error naming the
  * file and the problem, never an out-of-bounds read. Keys, strings and
@@ -88,7 +89,8 @@ typedef struct {
     char           path[256];   // for error messages (truncated if long)
     const uint8_t *base;        // the mapping (or caller's buffer), borrowed
     size_t         size;        // bytes at base
-    bool           mapped;      // base came from mmap and is unmapped on close
+    void          *region;      // what gguf_close unmaps (NULL for a
+    size_t         region_len;  //   caller's buffer), owned
     uint32_t       version;
     uint64_t       n_kv;
     GGUFKV        *kv;          // (n_kv,), owned
@@ -103,8 +105,16 @@ typedef struct {
 bool        ggml_type_info(uint32_t type, int64_t *blck, int64_t *size);
 const char *ggml_type_name(uint32_t type);
 
+typedef enum {
+    GGUF_MAP = 0,           // mmap the file: instant, shares the page cache
+    GGUF_COPY,              // read it into private memory on transparent
+                            //   huge pages: faster to stream on the CPU
+} GGUFLoad;
+
 /* Opens and validates a GGUF file. On success fills g and returns 0; on
  * failure returns -1 with err set ("PATH: problem") and g needs no close. */
+int  gguf_load(GGUF *g, const char *path, GGUFLoad how, Err *err);
+/* gguf_load with GGUF_MAP. */
 int  gguf_open(GGUF *g, const char *path, Err *err);
 
 /* The same over a caller-owned buffer (the fuzzer's input); buf must outlive

@@ -154,10 +154,18 @@ static const char *model_path(const Opts *o) {
     return p;
 }
 
-static void load_model(Model *m, Tokenizer **tk, const char *path) {
+/* Weights are copied into huge-page memory unless --mmap asks to map them
+ * (instant start, page cache shared between processes; decode is slower). */
+static GGUFLoad load_how(const Opts *o) {
+    return opt_flag(o, "mmap") ? GGUF_MAP : GGUF_COPY;
+}
+
+static void load_model(Model *m, Tokenizer **tk, const char *path,
+                       GGUFLoad how)
+{
     Err err;
 
-    if (model_load(m, path, &err) != 0) die("%s", err.msg);
+    if (model_load(m, path, how, &err) != 0) die("%s", err.msg);
     *tk = tokenizer_new(&m->gguf, &err);
     if (*tk == NULL) {
         model_free(m);
@@ -279,7 +287,7 @@ static int cmd_generate(int argc, char **argv) {
         "top-k", "top-p", "min-p", "presence-penalty", "frequency-penalty",
         "stop", "threads", "isa", "ctx", "batch", NULL
     };
-    static const char *flags[] = { "chat", "stats", NULL };
+    static const char *flags[] = { "chat", "stats", "mmap", NULL };
     Opts       o = { .n = 0 };
     Model      m;
     Tokenizer *tk;
@@ -298,7 +306,7 @@ static int cmd_generate(int argc, char **argv) {
     opts_parse(&o, argc, argv);
     text = opt_need(&o, "prompt");
     read_sampling(&o, &gp);
-    load_model(&m, &tk, model_path(&o));
+    load_model(&m, &tk, model_path(&o), load_how(&o));
 
     if (opt_flag(&o, "chat")) {
         chat_text = render_chat(&m, opt_str(&o, "system", NULL), text);
@@ -347,7 +355,7 @@ static int cmd_tokenize(int argc, char **argv) {
     opts_add(&o, vals, false);
     opts_add(&o, flags, true);
     opts_parse(&o, argc, argv);
-    load_model(&m, &tk, model_path(&o));
+    load_model(&m, &tk, model_path(&o), GGUF_MAP);
     ids = encode(tk, opt_need(&o, "text"), !opt_flag(&o, "no-bos"),
                  opt_flag(&o, "parse-special"), &n);
     for (int64_t i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
@@ -387,6 +395,7 @@ static int cmd_bench(int argc, char **argv) {
     static const char *vals[] = {
         "model", "n-prompt", "n-gen", "threads", "isa", "reps", NULL
     };
+    static const char *flags[] = { "mmap", NULL };
     Opts        o = { .n = 0 };
     Model       m;
     Backend    *be;
@@ -396,12 +405,13 @@ static int cmd_bench(int argc, char **argv) {
     const char *path;
 
     opts_add(&o, vals, false);
+    opts_add(&o, flags, true);
     opts_parse(&o, argc, argv);
     path = model_path(&o);
     p.n_prompt = opt_int(&o, "n-prompt", 512, 0, 1 << 16);
     p.n_gen = opt_int(&o, "n-gen", 128, 0, 1 << 16);
     p.reps = (int) opt_int(&o, "reps", 3, 1, 16);
-    if (model_load(&m, path, &err) != 0) die("%s", err.msg);
+    if (model_load(&m, path, load_how(&o), &err) != 0) die("%s", err.msg);
     if (p.n_prompt + p.n_gen > m.c.n_ctx) {
         die("--n-prompt and --n-gen exceed the model's context of %d",
             m.c.n_ctx);
@@ -475,10 +485,10 @@ static void usage(FILE *f) {
           "             [--frequency-penalty X] [--stop TEXT] [--chat]\n"
           "             [--system TEXT] [--threads N] [--isa auto|avx512|"
           "avx2|ref]\n"
-          "             [--ctx N] [--batch N] [--stats]\n"
+          "             [--ctx N] [--batch N] [--stats] [--mmap]\n"
           "  bench      --model PATH [--n-prompt 512] [--n-gen 128] "
           "[--reps 3]\n"
-          "             [--threads N] [--isa ...]   (prints JSON)\n"
+          "             [--threads N] [--isa ...] [--mmap]   (prints JSON)\n"
           "  tokenize   --model PATH --text TEXT [--no-bos] "
           "[--parse-special]\n"
           "  make-model --out PATH --arch llama|qwen2 --dim D --layers L\n"

@@ -288,9 +288,9 @@ static int bind_tensors(Model *m, Err *err) {
     return 0;
 }
 
-int model_load(Model *m, const char *path, Err *err) {
+int model_load(Model *m, const char *path, GGUFLoad how, Err *err) {
     memset(m, 0, sizeof(*m));
-    if (gguf_open(&m->gguf, path, err) != 0) return -1;
+    if (gguf_load(&m->gguf, path, how, err) != 0) return -1;
     if (read_config(m, err) != 0 || bind_tensors(m, err) != 0) {
         err_prefix(err, "%s", path);
         model_free(m);

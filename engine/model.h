@@ -7,8 +7,9 @@
  *          this), SwiGLU FFN, optional rope_freqs (llama 3.1 scaling).
  *   qwen2  the same with Q/K/V biases and RoPE on halves (NEOX layout).
  * When `output.weight` is absent the output projection is the token
- * embedding (tied). Weights stay in the mmapped file in their own type (F32,
- * F16, BF16, Q8_0, Q4_0); nothing is dequantized ahead of time.
+ * embedding (tied). Weights stay as the file has them, mapped or copied
+ * whole into huge-page memory (GGUFLoad), in their own type (F32, F16,
+ * BF16, Q8_0, Q4_0); nothing is dequantized ahead of time.
  *
  * model_forward() runs a batch of tokens, possibly from several sequences,
  * through every layer, writing each token's K/V into the paged cache and
@@ -69,10 +70,10 @@ typedef struct {
     uint64_t      weight_bytes; // bytes of weights one token reads
 } Model;
 
-/* Maps and validates a model file. Returns -1 with err naming the file and
+/* Loads (maps or copies, see GGUFLoad) and validates a model file. Returns -1 with err naming the file and
  * the problem (unsupported architecture or weight type, missing tensor,
  * shape mismatch). On failure nothing needs freeing. */
-int  model_load(Model *m, const char *path, Err *err);
+int  model_load(Model *m, const char *path, GGUFLoad how, Err *err);
 void model_free(Model *m);
 
 /* Activations for up to max_tokens tokens per forward call, of which at most

@@ -256,7 +256,7 @@ static void check_against_reference(const char *arch, DType type, int tied,
     double *want;
 
     write_model(path, sizeof(path), arch, type, tied);
-    assert_int_equal(model_load(&m, path, &err), 0);
+    assert_int_equal(model_load(&m, path, GGUF_COPY, &err), 0);
     assert_true(tied ? m.output.data == m.tok_embd.data
                      : m.output.data != m.tok_embd.data);
     r.m = &m;
@@ -318,7 +318,7 @@ static void check_invariance(DType type) {
     float *base, *other;
 
     write_model(path, sizeof(path), "llama", type, 0);
-    assert_int_equal(model_load(&m, path, &err), 0);
+    assert_int_equal(model_load(&m, path, GGUF_MAP, &err), 0);
     n = (size_t) N_TOK * m.c.n_vocab;
     base = malloc(n * sizeof(float));
     other = malloc(n * sizeof(float));
@@ -390,7 +390,7 @@ static void expect_load_error(const char *path, const char *needle) {
     Model m;
     Err   err;
 
-    assert_int_equal(model_load(&m, path, &err), -1);
+    assert_int_equal(model_load(&m, path, GGUF_MAP, &err), -1);
     if (strstr(err.msg, needle) == NULL || strstr(err.msg, path) == NULL) {
         fail_msg("error '%s' does not name '%s' and the file", err.msg,
                  needle);
