@@ -57,7 +57,3 @@ int32_t kv_alloc_block(KVCache *kv) {
 void kv_release_block(KVCache *kv, int32_t block) {
     kv->free_stack[kv->n_free++] = block;
 }
-
-int64_t kv_blocks_for(const KVCache *kv, int64_t n_tokens) {
-    return (n_tokens + kv->block_size - 1) / kv->block_size;
-}

@@ -37,7 +37,5 @@ void    kv_free(KVCache *kv);
 int32_t kv_alloc_block(KVCache *kv);
 /* Returns a block to the pool. */
 void    kv_release_block(KVCache *kv, int32_t block);
-/* Blocks needed to hold n tokens. */
-int64_t kv_blocks_for(const KVCache *kv, int64_t n_tokens);
 
 #endif
