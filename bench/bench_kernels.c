@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "kernels.h"
+#include "membw.h"
 
 #define COLD_BYTES  ((size_t) 768 << 20)    /* beyond any L3 we run on */
 #define PROBE_BYTES ((size_t) 1 << 30)
@@ -82,45 +83,18 @@ static float rnd(void) {
 
 /* ---- memory read bandwidth ------------------------------------------------ */
 
-typedef struct {
-    const uint64_t *p;
-    size_t          n;
-    uint64_t        sum;
-} ProbeArg;
-
-static void *probe_read(void *p) {
-    ProbeArg *a = p;
-    uint64_t  s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-
-    for (size_t i = 0; i + 8 <= a->n; i += 8) {
-        s0 += a->p[i] ^ a->p[i + 4];
-        s1 += a->p[i + 1] ^ a->p[i + 5];
-        s2 += a->p[i + 2] ^ a->p[i + 6];
-        s3 += a->p[i + 3] ^ a->p[i + 7];
-    }
-    a->sum = s0 + s1 + s2 + s3;
-    return NULL;
-}
-
-/* GB/s reading PROBE_BYTES with nth threads (persistent across reps, so
- * thread start-up is not timed). */
+/* GB/s reading PROBE_BYTES with nth threads: median and spread of reps
+ * passes after one warm-up. */
 static Stat probe_bandwidth(const uint64_t *buf, int nth, int reps) {
-    double    t[MAX_REPS];
-    size_t    words = PROBE_BYTES / 8, per = words / (size_t) nth;
-    pthread_t th[64];
-    ProbeArg  a[64];
+    double   t[MAX_REPS];
+    uint64_t sum = 0;
 
     for (int r = -1; r < reps; r++) {
-        double t0 = now_s();
+        double gbs = membw_pass(buf, PROBE_BYTES, nth, &sum);
 
-        for (int i = 0; i < nth; i++) {
-            a[i] = (ProbeArg) { buf + (size_t) i * per, per, 0 };
-            if (i > 0) pthread_create(&th[i], NULL, probe_read, &a[i]);
-        }
-        probe_read(&a[0]);
-        for (int i = 1; i < nth; i++) pthread_join(th[i], NULL);
-        if (r >= 0) t[r] = (double) PROBE_BYTES / (now_s() - t0) / 1e9;
+        if (r >= 0) t[r] = gbs;
     }
+    if (sum == 1) fputc(' ', stderr);       /* keep the loads */
     return stat_of(t, reps);
 }
 
