@@ -23,6 +23,8 @@ typedef struct {
     size_t   len;
 } Blob;
 
+static void put_u32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+
 /* Builds: 4 key/values (u32, f32, string, string array) and two tensors
  * (f32 [8], q8_0 [32, 2]). */
 static Blob build_valid(void) {
@@ -105,6 +107,21 @@ static void test_valid_roundtrip(void **state) {
     free(b.buf);
 }
 
+/* Version 2 has the same layout as 3 (64-bit counts): it opens. */
+static void test_version2(void **state) {
+    Blob b = build_valid();
+    GGUF g;
+    Err  err;
+
+    (void) state;
+    put_u32(b.buf + 4, 2);
+    assert_int_equal(gguf_open_buffer(&g, b.buf, b.len, "v2.gguf", &err), 0);
+    assert_int_equal(g.version, 2);
+    assert_int_equal(g.n_tensors, 2);
+    gguf_close(&g);
+    free(b.buf);
+}
+
 /* Every prefix of a valid file that cuts into its header or tensor data is
  * invalid and must fail without a crash (only the final padding may go). */
 static void test_every_truncation_fails(void **state) {
@@ -162,8 +179,6 @@ static void expect_error(Patch patch, const char *needle) {
 }
 
 static void put_u64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
-static void put_u32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
-
 static void p_magic(Blob *b)      { b->buf[0] = 'X'; }
 static void p_version1(Blob *b)   { put_u32(b->buf + 4, 1); }
 static void p_version9(Blob *b)   { put_u32(b->buf + 4, 9); }
@@ -334,6 +349,7 @@ static void test_open_errors(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_valid_roundtrip),
+        cmocka_unit_test(test_version2),
         cmocka_unit_test(test_every_truncation_fails),
         cmocka_unit_test(test_corruptions),
         cmocka_unit_test(test_duplicate_key),
