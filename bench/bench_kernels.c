@@ -13,8 +13,10 @@
  * exceed the last-level cache, as a decode step does over a model's layers,
  * and is the figure to hold against the bandwidth roofline; "hot" repeats
  * one matrix, which is what llama.cpp's test-backend-ops perf measures. For
- * n = 512 (prefill) it prints GFLOP/s. Times are medians of reps runs after
- * a warm-up; the spread (min..max) is printed so noise is visible.
+ * n = 512 (prefill) it prints GFLOP/s. Matrices are first given to the
+ * backend's repack, as a model loaded into memory is. Times are medians of
+ * reps runs after a warm-up; the spread (min..max) is printed so noise is
+ * visible.
  * Benchmarks report, never assert. */
 
 #include <pthread.h>
@@ -173,7 +175,8 @@ static void bench_type(Backend *be, DType t, float *x, float *out, int reps) {
         for (int c = 0; c < n_cold; c++) {
             void *d = make_weights(t, rows, cols, &rb);
 
-            m[c] = (Matrix) { t, rows, cols, rb, d };
+            m[c] = (Matrix) { t, rows, cols, rb, d, WL_ROWS };
+            if (be->repack != NULL) be->repack(be, &m[c]);
         }
         cold = time_matmul(be, out, x, 1, m, n_cold, reps);
         hot = time_matmul(be, out, x, 1, m, 1, reps);

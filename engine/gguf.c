@@ -410,8 +410,9 @@ static void *load_map(int fd, size_t size, const char *path, Err *err) {
  * transparent huge pages. A decode step streams every weight once: with
  * 4 KiB page-cache pages the hardware prefetchers stop at every page and
  * each page costs a TLB walk; on huge pages single-stream decode measured
- * about 20% faster (1B F16, 2 threads). The memory is made read-only once
- * filled. The region to unmap goes to *region and *region_len. */
+ * about 20% faster (1B F16, 2 threads). The memory stays writable until
+ * gguf_seal, so the backend can first rearrange the weights it reads. The
+ * region to unmap goes to *region and *region_len. */
 static void *load_copy(int fd, size_t size, const char *path, void **region,
                        size_t *region_len, Err *err)
 {
@@ -440,7 +441,6 @@ static void *load_copy(int fd, size_t size, const char *path, void **region,
         }
         off += (size_t) n;
     }
-    (void) mprotect(base, size, PROT_READ);
     *region = p;
     *region_len = len;
     return base;
@@ -476,11 +476,19 @@ int gguf_load(GGUF *g, const char *path, GGUFLoad how, Err *err) {
     if (base == NULL) return -1;
     g->base = base;
     g->size = (size_t) st.st_size;
+    g->writable = how == GGUF_COPY;
     if (parse(g, err) != 0) {
         gguf_close(g);
         return -1;
     }
     return 0;
+}
+
+void gguf_seal(GGUF *g) {
+    if (!g->writable) return;
+    /* base is huge-page aligned; a refusal only loses the protection */
+    (void) mprotect((void *) g->base, g->size, PROT_READ);
+    g->writable = false;
 }
 
 int gguf_open(GGUF *g, const char *path, Err *err) {

@@ -21,13 +21,15 @@
  *   data section
  *
  * The file is memory-mapped read-only, or read into private huge-page
- * memory (GGUF_COPY, faster to stream weights from). Every count, length, offset and size
- * is checked against the bytes that remain before it is used, with overflow
- * checks on every product and sum; a bad file yields one error naming the
- * file and the problem, never an out-of-bounds read. Keys, strings and
- * tensor data are views into the mapping: they live as long as the GGUF.
- * Numbers inside arrays may be unaligned, so they are read through the
- * gguf_arr_* accessors, never by casting the pointer. */
+ * memory (GGUF_COPY, faster to stream weights from, and writable until
+ * gguf_seal so that a backend can rearrange them first). Every count,
+ * length, offset and size is checked against the bytes that remain before
+ * it is used, with overflow checks on every product and sum; a bad file
+ * yields one error naming the file and the problem, never an out-of-bounds
+ * read. Keys, strings and tensor data are views into the mapping: they
+ * live as long as the GGUF. Numbers inside arrays may be unaligned, so
+ * they are read through the gguf_arr_* accessors, never by casting the
+ * pointer. */
 
 #ifndef OMNI_GGUF_H
 #define OMNI_GGUF_H
@@ -98,6 +100,8 @@ typedef struct {
     GGUFTensor    *tensors;     // (n_tensors,), owned
     uint32_t       alignment;
     uint64_t       data_offset; // start of the data section in the file
+    bool           writable;    // base is a private copy (GGUF_COPY) not
+                                //   yet sealed: tensor data may be written
 } GGUF;
 
 /* Type facts for every ggml type id GGUF files carry. Returns false for an
@@ -108,7 +112,8 @@ const char *ggml_type_name(uint32_t type);
 typedef enum {
     GGUF_MAP = 0,           // mmap the file: instant, shares the page cache
     GGUF_COPY,              // read it into private memory on transparent
-                            //   huge pages: faster to stream on the CPU
+                            //   huge pages: faster to stream on the CPU;
+                            //   writable until gguf_seal
 } GGUFLoad;
 
 /* Opens and validates a GGUF file. On success fills g and returns 0; on
@@ -116,6 +121,10 @@ typedef enum {
 int  gguf_load(GGUF *g, const char *path, GGUFLoad how, Err *err);
 /* gguf_load with GGUF_MAP. */
 int  gguf_open(GGUF *g, const char *path, Err *err);
+/* Makes a GGUF_COPY's memory read-only, once whoever rearranges weights in
+ * place (model_repack) is done; clears writable. A no-op for a mapping.
+ * Can't fail (a kernel refusing the protection only loses it). */
+void gguf_seal(GGUF *g);
 
 /* The same over a caller-owned buffer (the fuzzer's input); buf must outlive
  * g. name is used in error messages. */

@@ -233,7 +233,8 @@ static char *render_chat(const Model *m, const char *system, const char *user)
     return buf;
 }
 
-static Backend *make_backend(const Opts *o, const Model *m, int64_t n_ctx,
+/* The backend for m, which may then rearrange m's weights for itself. */
+static Backend *make_backend(const Opts *o, Model *m, int64_t n_ctx,
                              int64_t batch)
 {
     BackendConfig cfg;
@@ -249,6 +250,7 @@ static Backend *make_backend(const Opts *o, const Model *m, int64_t n_ctx,
     cfg.max_ctx = n_ctx;
     be = backend_cpu_new(&cfg, err, sizeof(err));
     if (be == NULL) die("%s", err);
+    model_repack(m, be);
     return be;
 }
 

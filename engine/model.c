@@ -299,6 +299,27 @@ int model_load(Model *m, const char *path, GGUFLoad how, Err *err) {
     return 0;
 }
 
+/* Every matrix matmul reads; the token embedding only as the tied output
+ * (embed follows its layout; an untied one stays as stored). */
+void model_repack(Model *m, Backend *be) {
+    bool tied = m->output.data == m->tok_embd.data;
+
+    if (be->repack != NULL && m->gguf.writable) {
+        for (int l = 0; l < m->c.n_layers; l++) {
+            LayerWeights *L = &m->layers[l];
+            Matrix       *ws[] = { &L->wq, &L->wk, &L->wv, &L->wo,
+                                   &L->w_gate, &L->w_up, &L->w_down };
+
+            for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++) {
+                be->repack(be, ws[i]);
+            }
+        }
+        be->repack(be, &m->output);
+        if (tied) m->tok_embd = m->output;
+    }
+    gguf_seal(&m->gguf);
+}
+
 void model_free(Model *m) {
     for (int i = 0; i < m->n_copies; i++) free(m->f32_copies[i]);
     free(m->f32_copies);

@@ -9,7 +9,9 @@
  * When `output.weight` is absent the output projection is the token
  * embedding (tied). Weights stay as the file has them, mapped or copied
  * whole into huge-page memory (GGUFLoad), in their own type (F32, F16,
- * BF16, Q8_0, Q4_0); nothing is dequantized ahead of time.
+ * BF16, Q8_0, Q4_0); nothing is dequantized ahead of time. A copy's
+ * quantized matrices may be rearranged in place for the backend
+ * (model_repack), in the same bytes.
  *
  * model_forward() runs a batch of tokens, possibly from several sequences,
  * through every layer, writing each token's K/V into the paged cache and
@@ -74,6 +76,12 @@ typedef struct {
  * the problem (unsupported architecture or weight type, missing tensor,
  * shape mismatch). On failure nothing needs freeing. */
 int  model_load(Model *m, const char *path, GGUFLoad how, Err *err);
+/* Lets be rearrange, in place, the weights its matmul reads (be->repack)
+ * when they are a private copy (GGUF_COPY), then seals them read-only.
+ * Call once, with the backend that will run m, before the first forward:
+ * from then on only backends of be's kind may run m. A mapped model
+ * (GGUF_MAP) is left as stored. Can't fail. */
+void model_repack(Model *m, Backend *be);
 void model_free(Model *m);
 
 /* Activations for up to max_tokens tokens per forward call, of which at most

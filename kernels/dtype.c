@@ -129,3 +129,59 @@ void dequantize_row(DType t, const void *row, float *out, int64_t n) {
         return;
     }
 }
+
+/* One group: scales first, then chunk c's 4-byte lane i from bytes
+ * 4c..4c+3 of block i (Q8_0 biased by 128, which makes the weights the
+ * unsigned operand of vpdpbusd and costs the kernel nothing). The group is
+ * assembled in a copy, as it overlaps the blocks it is made of; moving
+ * 4-byte words, a 1B Q8_0 model takes 0.06 s on 2 threads (0.18 byte by
+ * byte). */
+static void x16_pack_group(DType t, void *group) {
+    uint8_t  g[X16 * sizeof(BlockQ8_0)];
+    size_t   bs = t == DT_Q8_0 ? sizeof(BlockQ8_0) : sizeof(BlockQ4_0);
+    int      chunks = t == DT_Q8_0 ? QK / 4 : QK / 8;
+    uint32_t bias = t == DT_Q8_0 ? 0x80808080u : 0;
+    uint8_t *in = group;
+
+    for (int i = 0; i < X16; i++) {
+        const uint8_t *b = in + (size_t) i * bs;
+
+        memcpy(g + 2 * i, b, 2);
+        for (int c = 0; c < chunks; c++) {
+            uint32_t q;
+
+            memcpy(&q, b + 2 + 4 * c, 4);
+            q ^= bias;
+            memcpy(g + 32 + 64 * c + 4 * i, &q, 4);
+        }
+    }
+    memcpy(group, g, X16 * bs);
+}
+
+void x16_pack_row(DType t, void *row, int64_t n) {
+    size_t gb = X16 * (t == DT_Q8_0 ? sizeof(BlockQ8_0) : sizeof(BlockQ4_0));
+
+    for (int64_t g = 0; g < n / QK / X16; g++) {
+        x16_pack_group(t, (char *) row + (size_t) g * gb);
+    }
+}
+
+void x16_unpack_group(DType t, const void *group, void *blocks) {
+    size_t         bs = t == DT_Q8_0 ? sizeof(BlockQ8_0) : sizeof(BlockQ4_0);
+    int            chunks = t == DT_Q8_0 ? QK / 4 : QK / 8;
+    uint32_t       bias = t == DT_Q8_0 ? 0x80808080u : 0;
+    const uint8_t *g = group;
+
+    for (int i = 0; i < X16; i++) {
+        uint8_t *b = (uint8_t *) blocks + (size_t) i * bs;
+
+        memcpy(b, g + 2 * i, 2);
+        for (int c = 0; c < chunks; c++) {
+            uint32_t q;
+
+            memcpy(&q, g + 32 + 64 * c + 4 * i, 4);
+            q ^= bias;
+            memcpy(b + 2 + 4 * c, &q, 4);
+        }
+    }
+}

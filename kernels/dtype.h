@@ -9,7 +9,22 @@
  *         byte j holds element j (low nibble) and element j+16 (high).
  *
  * The scalar f16/bf16 conversions here are exact (round to nearest even)
- * and are the reference the SIMD paths are tested against. */
+ * and are the reference the SIMD paths are tested against.
+ *
+ * A quantized matrix is either read as stored (WL_ROWS) or, once a backend
+ * has repacked it in place, in groups of 16 blocks (WL_X16), the same bytes
+ * rearranged so that one 64-byte vector load holds 4 weights of each of 16
+ * blocks. A row of nb blocks holds nb / 16 groups, then its last nb % 16
+ * blocks as stored. A group of 16 blocks b0..b15 is
+ *
+ *   16 f16 scales d(b0) .. d(b15)                           32 bytes
+ *   Q8_0: 8 chunks c = 0..7 of 64 bytes, byte 4i+t of chunk c holding
+ *         qs[4c+t] of block bi as unsigned: q + 128     512 bytes (544)
+ *   Q4_0: 4 chunks c = 0..3 of 64 bytes, byte 4i+t of chunk c holding
+ *         byte qs[4c+t] of block bi (elements 4c+t and 16+4c+t)
+ *                                                       256 bytes (288)
+ *
+ * so a group takes the bytes of its 16 blocks and a row keeps its size. */
 
 #ifndef OMNI_DTYPE_H
 #define OMNI_DTYPE_H
@@ -38,6 +53,13 @@ typedef struct {
     uint16_t d;                     // f16 scale
     uint8_t  qs[QK / 2];
 } BlockQ4_0;
+
+typedef enum {
+    WL_ROWS = 0,                    // blocks one after another, as in GGUF
+    WL_X16,                         // groups of 16 interleaved blocks
+} WLayout;
+
+#define X16 16                      // blocks per WL_X16 group
 
 _Static_assert(sizeof(BlockQ8_0) == 34, "Q8_0 block must be 34 bytes");
 _Static_assert(sizeof(BlockQ4_0) == 18, "Q4_0 block must be 18 bytes");
@@ -111,5 +133,11 @@ void quantize_row_q4_0_ref(const float *x, BlockQ4_0 *y, int64_t k);
 void quantize_row(DType t, const float *src, void *dst, int64_t n);
 /* Converts a row of n elements of type t to f32. */
 void dequantize_row(DType t, const void *row, float *out, int64_t n);
+
+/* Rewrites a row of n elements of type t (Q8_0 or Q4_0, n % 32 == 0) in
+ * place from WL_ROWS to WL_X16. Can't fail. */
+void x16_pack_row(DType t, void *row, int64_t n);
+/* Writes the 16 blocks (WL_ROWS) that a WL_X16 group of type t holds. */
+void x16_unpack_group(DType t, const void *group, void *blocks);
 
 #endif

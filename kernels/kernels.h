@@ -36,6 +36,8 @@ typedef struct {
     size_t      row_bytes;  // stride between rows
     const void *data;       // (rows, row_bytes), borrowed: a view into the
                             // mmapped GGUF
+    WLayout     layout;     // how the blocks of a row are arranged (dtype.h):
+                            // WL_ROWS as stored, unless the backend repacked
 } Matrix;
 
 /* One layer's share of the paged KV cache. */
@@ -77,6 +79,14 @@ typedef struct Backend Backend;
 struct Backend {
     const char *name;           // "cpu-avx512", "cpu-avx2", "cpu-ref", ...
     void       *ctx;            // backend state, owned
+
+    /* (optional) Rewrites w's rows in place into the layout this
+     * backend's matmul reads fastest and sets w->layout; leaves w as it is
+     * when it has none for w's type and shape. w->data must be writable,
+     * and w is from then on read only by backends of this kind (matmul,
+     * embed). Runs at load time; can't fail. NULL means weights are read
+     * as stored. */
+    void (*repack)(Backend *be, Matrix *w);
 
     /* out (n, dim) = rows tokens[i] of table, converted to f32. */
     void (*embed)(Backend *be, float *out, const Matrix *table,

@@ -44,8 +44,9 @@ typedef void (*XConvFn)(const float *x, void *y, int64_t k);
 typedef struct {
     const char *name;               // "ref", "avx2", "avx512"
 
-    /* Per weight type: the activation form (DT_F32, DT_F16 or DT_Q8_0) the
-     * gemm reads, the gemm itself, and the tile shape it is fastest at. */
+    /* Per weight type and layout: the activation form (DT_F32, DT_F16 or
+     * DT_Q8_0) the gemm reads, the gemm itself, and the tile shape it is
+     * fastest at. */
     struct {
         DType   x_form;
         GemmFn  gemm;
@@ -56,7 +57,9 @@ typedef struct {
          * elements, x_bytes(k) is its size. NULL means x_form. */
         XConvFn conv;
         size_t  (*x_bytes)(int64_t k);
-    } mm[5];                        // indexed by vec_dtype_slot()
+    } mm[7];                        // indexed by vec_slot(); a table
+                                    //   reads a WL_X16 layout when it
+                                    //   fills its slot (gemm != NULL)
 
     /* y = x as Q8_0 blocks (k % 32 == 0): d = max|x| / 127, q = round to
      * nearest even of x * 127 / max|x|. */
@@ -89,14 +92,15 @@ typedef struct {
     void  (*scale)(float *y, float s, int64_t n);         // y *= s
 } CpuVec;
 
-/* Dense slot of a weight type in CpuVec.mm, or -1 when unsupported. */
-static inline int vec_dtype_slot(DType t) {
+/* Dense slot of a weight type and layout in CpuVec.mm, or -1 when
+ * unsupported. */
+static inline int vec_slot(DType t, WLayout l) {
     switch (t) {
-    case DT_F32:  return 0;
-    case DT_F16:  return 1;
-    case DT_BF16: return 2;
-    case DT_Q8_0: return 3;
-    case DT_Q4_0: return 4;
+    case DT_F32:  return l == WL_ROWS ? 0 : -1;
+    case DT_F16:  return l == WL_ROWS ? 1 : -1;
+    case DT_BF16: return l == WL_ROWS ? 2 : -1;
+    case DT_Q8_0: return l == WL_ROWS ? 3 : 5;
+    case DT_Q4_0: return l == WL_ROWS ? 4 : 6;
     }
     return -1;
 }

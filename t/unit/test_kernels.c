@@ -35,6 +35,19 @@
 
 static const DType types[5] = { DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0 };
 
+/* The weight forms a matmul reads: every type as stored, then the
+ * quantized ones repacked (WL_X16), which only some tables read. */
+typedef struct {
+    DType   type;
+    WLayout layout;
+} Kind;
+
+static const Kind kinds[7] = {
+    { DT_F32, WL_ROWS }, { DT_F16, WL_ROWS }, { DT_BF16, WL_ROWS },
+    { DT_Q8_0, WL_ROWS }, { DT_Q4_0, WL_ROWS },
+    { DT_Q8_0, WL_X16 }, { DT_Q4_0, WL_X16 },
+};
+
 
 /* ---- helpers ---- */
 
@@ -94,6 +107,8 @@ static void assert_same_bits(const char *what, const void *a, const void *b,
 typedef struct {
     Matrix  m;
     void   *data;
+    void   *plain;          // the rows as stored (WL_ROWS): data, or a copy
+                            //   once data is repacked
     float  *deq;            // (rows, cols) dequantized
 } TestMat;
 
@@ -111,13 +126,45 @@ static void mat_make(TestMat *tm, DType t, int64_t rows, int64_t cols) {
         dequantize_row(t, row, tm->deq + r * cols, cols);
     }
     tm->data = d;
-    tm->m = (Matrix) { t, rows, cols, rb, d };
+    tm->plain = d;
+    tm->m = (Matrix) { t, rows, cols, rb, d, WL_ROWS };
     free(src);
 }
 
+/* Gives tm the layout l: repacked through be (the path the engine takes),
+ * or with be NULL by dtype.c directly (table tests have no backend).
+ * plain keeps the stored rows for ref.c. */
+static void mat_layout(TestMat *tm, WLayout l, Backend *be) {
+    size_t bytes = (size_t) tm->m.rows * tm->m.row_bytes;
+
+    if (l == WL_ROWS) return;
+    tm->plain = xmalloc(bytes);
+    memcpy(tm->plain, tm->data, bytes);
+    if (be != NULL) {
+        be->repack(be, &tm->m);
+        return;
+    }
+    for (int64_t r = 0; r < tm->m.rows; r++) {
+        x16_pack_row(tm->m.type, (char *) tm->data + r * tm->m.row_bytes,
+                     tm->m.cols);
+    }
+    tm->m.layout = l;
+}
+
 static void mat_free(TestMat *tm) {
+    if (tm->plain != tm->data) free(tm->plain);
     free(tm->data);
     free(tm->deq);
+}
+
+/* True when table v reads kind k. */
+static bool kind_ok(const CpuVec *v, Kind k) {
+    return v->mm[vec_slot(k.type, k.layout)].gemm != NULL;
+}
+
+static const char *kind_name(Kind k) {
+    if (k.layout == WL_ROWS) return dtype_name(k.type);
+    return k.type == DT_Q8_0 ? "q8_0/x16" : "q4_0/x16";
 }
 
 /* The values a matmul of type t really multiplies: quantized weight types
@@ -186,12 +233,12 @@ static Backend *be_new(const char *isa, int nth) {
     return be;
 }
 
-/* Converts n activation rows to the form table v's gemm for weight type t
- * reads, as cpu_backend.c does; returns the row stride. */
-static size_t x_convert(const CpuVec *v, DType t, const float *x, int64_t n,
+/* Converts n activation rows to the form table v's gemm for weight kind
+ * wk reads, as cpu_backend.c does; returns the row stride. */
+static size_t x_convert(const CpuVec *v, Kind wk, const float *x, int64_t n,
                         int64_t k, char *y)
 {
-    int    s = vec_dtype_slot(t);
+    int    s = vec_slot(wk.type, wk.layout);
     size_t ld;
 
     if (v->mm[s].conv != NULL) {
@@ -220,7 +267,9 @@ static size_t x_convert(const CpuVec *v, DType t, const float *x, int64_t n,
 /* Every activation tile up to the table's, against 1..101 weight rows
  * (partial tiles, several panels) and k from 1 to past a K block: each
  * output equals the same output computed alone (one row by one row, the
- * decode path) bit for bit, and all of them are close to ref.c. */
+ * decode path) bit for bit, and all of them are close to ref.c on the
+ * stored rows. Repacked rows: no group, one, one and a tail, an odd count
+ * of groups across K blocks. */
 #define GW 101                  // weight rows
 
 static void test_gemm(void **state) {
@@ -228,6 +277,7 @@ static void test_gemm(void **state) {
     static const int64_t ks_f[] = { 1, 7, 8, 9, 15, 16, 17, 64, 172, 1000,
                                     1040, 2112, 2113 };
     static const int64_t ks_q[] = { 32, 64, 96, 160, 1024, 1056, 2112 };
+    static const int64_t ks_x[] = { 32, 480, 512, 544, 1536, 1568, 2112 };
     static const int     nrs[] = { 1, 2, 3, 4, 5, 8, 12, 47, 48, 49, 64, GW };
     int64_t kmax = 2113;
     float  *x = xmalloc(GEMM_MR_MAX * kmax * sizeof(float));
@@ -239,25 +289,28 @@ static void test_gemm(void **state) {
 
     rng_state = 1;
     fill(x, GEMM_MR_MAX * kmax, 1.0f);
-    for (int ti = 0; ti < 5; ti++) {
-        DType          t = types[ti];
-        int            s = vec_dtype_slot(t);
+    for (int ki0 = 0; ki0 < 7; ki0++) {
+        Kind           wk = kinds[ki0], plain = { wk.type, WL_ROWS };
+        DType          t = wk.type;
+        int            s = vec_slot(t, wk.layout), sr = vec_slot(t, WL_ROWS);
         bool           q = t == DT_Q8_0 || t == DT_Q4_0;
-        const int64_t *ks = q ? ks_q : ks_f;
+        const int64_t *ks = wk.layout == WL_X16 ? ks_x : q ? ks_q : ks_f;
         int            nk = q ? 7 : 13, mr = I->vec->mm[s].mr;
 
+        if (!kind_ok(I->vec, wk)) continue;
         for (int ki = 0; ki < nk; ki++) {
             int64_t k = ks[ki];
             TestMat w;
-            size_t  ldv = x_convert(I->vec, t, x, mr, k, xv);
-            size_t  ldr = x_convert(&cpu_vec_ref, t, x, mr, k, xr);
+            size_t  ldv = x_convert(I->vec, wk, x, mr, k, xv);
+            size_t  ldr = x_convert(&cpu_vec_ref, plain, x, mr, k, xr);
             char    what[64];
 
             mat_make(&w, t, GW, k);
-            snprintf(what, sizeof(what), "gemm %s k=%ld", dtype_name(t),
+            mat_layout(&w, wk.layout, NULL);
+            snprintf(what, sizeof(what), "gemm %s k=%ld", kind_name(wk),
                      (long) k);
-            cpu_vec_ref.mm[s].gemm(k, mr, GW, xr, ldr, w.data, w.m.row_bytes,
-                                   want, GW);
+            cpu_vec_ref.mm[sr].gemm(k, mr, GW, xr, ldr, w.plain,
+                                    w.m.row_bytes, want, GW);
             for (int i = 0; i < mr; i++) {
                 for (int j = 0; j < GW; j++) {
                     I->vec->mm[s].gemm(k, 1, 1, xv + i * ldv, ldv,
@@ -506,26 +559,80 @@ static void test_elementwise(void **state) {
 
 /* ---- backend ops against plain references ---- */
 
+/* Embedding rows are exact; a repacked table (a tied output) too, with a
+ * group and a tail of blocks. */
 static void test_embed(void **state) {
     const Isa *I = *state;
     Backend   *be = be_new(I->isa, 2);
     int32_t    tok[5] = { 3, 0, 16, 3, 9 };
 
     rng_state = 7;
-    for (int ti = 0; ti < 5; ti++) {
+    for (int ki = 0; ki < 7; ki++) {
+        Kind    k = kinds[ki];
         TestMat e;
-        float  *out = xmalloc(5 * 172 * sizeof(float));
-        int64_t dim = types[ti] == DT_Q8_0 || types[ti] == DT_Q4_0 ? 160 : 172;
+        float  *out;
+        int64_t dim = k.layout == WL_X16 ? 544
+                      : k.type == DT_Q8_0 || k.type == DT_Q4_0 ? 160 : 172;
 
-        mat_make(&e, types[ti], 17, dim);
+        if (!kind_ok(I->vec, k)) continue;
+        out = xmalloc(5 * 544 * sizeof(float));
+        mat_make(&e, k.type, 17, dim);
+        mat_layout(&e, k.layout, be);
+        assert_int_equal(e.m.layout, k.layout);
         be->embed(be, out, &e.m, tok, 5);
         for (int i = 0; i < 5; i++) {
-            assert_same_bits(dtype_name(types[ti]), out + i * dim,
+            assert_same_bits(kind_name(k), out + i * dim,
                              e.deq + tok[i] * dim,
                              (size_t) dim * sizeof(float));
         }
         free(out);
         mat_free(&e);
+    }
+    be->free(be);
+}
+
+/* repack rewrites exactly the quantized matrices whose rows hold a group,
+ * into dtype.c's layout, once; tables without WL_X16 leave all alone. The
+ * layout itself round-trips. */
+static void test_repack(void **state) {
+    const Isa *I = *state;
+    Backend   *be = be_new(I->isa, 2);
+    static const int64_t cols[] = { 64, 480, 512, 2112 };
+
+    for (int ti = 0; ti < 5; ti++) {
+        for (int ci = 0; ci < 4; ci++) {
+            DType   t = types[ti];
+            Kind    x16 = { t, WL_X16 };
+            bool    q = t == DT_Q8_0 || t == DT_Q4_0;
+            bool    moves = q && kind_ok(I->vec, x16) && cols[ci] >= 512;
+            size_t  bytes = dtype_row_bytes(t, cols[ci]) * 19;
+            TestMat a, b;
+
+            rng_state = 15 + (uint64_t) ci;
+            mat_make(&a, t, 19, cols[ci]);
+            rng_state = 15 + (uint64_t) ci;
+            mat_make(&b, t, 19, cols[ci]);
+            be->repack(be, &a.m);
+            assert_int_equal(a.m.layout, moves ? WL_X16 : WL_ROWS);
+            be->repack(be, &a.m);
+            if (moves) mat_layout(&b, WL_X16, NULL);
+            assert_same_bits(kind_name(x16), a.data, b.data, bytes);
+            mat_free(&a);
+            if (q && !moves) mat_layout(&b, WL_X16, NULL);
+            for (int64_t r = 0; q && r < 19; r++) {
+                size_t gb = dtype_row_bytes(t, X16 * QK);
+
+                for (int64_t g = 0; g < cols[ci] / (X16 * QK); g++) {
+                    size_t    off = (size_t) r * b.m.row_bytes + g * gb;
+                    BlockQ8_0 blocks[X16];  /* room for either type */
+
+                    x16_unpack_group(t, (char *) b.data + off, blocks);
+                    assert_same_bits("x16 round trip", blocks,
+                                     (char *) b.plain + off, gb);
+                }
+            }
+            mat_free(&b);
+        }
     }
     be->free(be);
 }
@@ -583,7 +690,10 @@ static void test_matmul(void **state) {
     };
 
     rng_state = 9;
-    for (int ti = 0; ti < 5; ti++) {
+    for (int ki = 0; ki < 7; ki++) {
+        Kind k = kinds[ki];
+
+        if (!kind_ok(I->vec, k)) continue;
         for (int si = 0; si < 7; si++) {
             int64_t n = shapes[si][0], rows = shapes[si][1];
             int64_t cols = shapes[si][2];
@@ -591,19 +701,19 @@ static void test_matmul(void **state) {
             float  *x, *got, *want;
             char    what[64];
 
-            if ((types[ti] == DT_Q8_0 || types[ti] == DT_Q4_0) && cols % QK) {
+            if ((k.type == DT_Q8_0 || k.type == DT_Q4_0) && cols % QK) {
                 continue;
             }
             x = xmalloc((size_t) (n * cols) * sizeof(float));
             got = xmalloc((size_t) (n * rows) * sizeof(float));
             want = xmalloc((size_t) (n * rows) * sizeof(float));
-            mat_make(&w, types[ti], rows, cols);
+            mat_make(&w, k.type, rows, cols);
+            mat_layout(&w, k.layout, be);
             fill(x, n * cols, 1.0f);
             be->matmul(be, got, x, n, &w.m);
             matmul_plain(want, x, n, &w);
             snprintf(what, sizeof(what), "matmul %s %ldx%ldx%ld",
-                     dtype_name(types[ti]), (long) n, (long) rows,
-                     (long) cols);
+                     kind_name(k), (long) n, (long) rows, (long) cols);
             assert_nmse(what, got, want, n * rows, NMSE_F32);
             mat_free(&w);
             free(x);
@@ -628,10 +738,13 @@ static void test_matmul_invariance(void **state) {
 
     rng_state = 10;
     fill(x, nmax * cols, 1.0f);
-    for (int ti = 0; ti < 5; ti++) {
+    for (int ki = 0; ki < 7; ki++) {
         TestMat w;
 
-        mat_make(&w, types[ti], rows, cols);
+        if (!kind_ok(I->vec, kinds[ki])) continue;
+        mat_make(&w, kinds[ki].type, rows, cols);
+        mat_layout(&w, kinds[ki].layout, be[0]);
+        assert_int_equal(w.m.layout, kinds[ki].layout);
         for (int64_t i = 0; i < nmax; i++) {
             be[1]->matmul(be[1], alone + i * rows, x + i * cols, 1, &w.m);
         }
@@ -642,7 +755,7 @@ static void test_matmul_invariance(void **state) {
                 if (t != 1 && n != 70 && n != 71) continue;
                 memset(got, 0, (size_t) (nn * rows) * sizeof(float));
                 be[t]->matmul(be[t], got, x, nn, &w.m);
-                assert_same_bits(dtype_name(types[ti]), got, alone,
+                assert_same_bits(kind_name(kinds[ki]), got, alone,
                                  (size_t) (nn * rows) * sizeof(float));
             }
         }
@@ -655,12 +768,16 @@ static void test_matmul_invariance(void **state) {
 }
 
 /* matmul_n over 2 and 3 matrices equals separate matmul calls bit for bit,
- * including a mixed-type set (run one by one inside). */
+ * including a mixed-type and a mixed-layout set (run one by one inside). */
 static void test_matmul_fused(void **state) {
     const Isa *I = *state;
     Backend   *be = be_new(I->isa, 2);
-    int64_t    n = 9, cols = 320;
+    int64_t    n = 9, cols = 544;
     int64_t    rows[3] = { 320, 64, 64 };
+    static const Kind mixed[2][3] = {
+        { { DT_F16, WL_ROWS }, { DT_Q8_0, WL_ROWS }, { DT_F32, WL_ROWS } },
+        { { DT_Q8_0, WL_X16 }, { DT_Q8_0, WL_ROWS }, { DT_Q8_0, WL_X16 } },
+    };
     float     *x = xmalloc((size_t) (n * cols) * sizeof(float));
     float     *got[3], *want[3];
 
@@ -670,15 +787,20 @@ static void test_matmul_fused(void **state) {
         got[i] = xmalloc((size_t) (n * rows[i]) * sizeof(float));
         want[i] = xmalloc((size_t) (n * rows[i]) * sizeof(float));
     }
-    for (int ti = 0; ti < 6; ti++) {
+    for (int ci = 0; ci < 9; ci++) {
         TestMat       w[3];
         const Matrix *ws[3];
+        Kind          k[3];
+        bool          ok = true;
 
         for (int i = 0; i < 3; i++) {
-            /* case 5 mixes types: q8_0, f16, q4_0 */
-            DType t = ti < 5 ? types[ti] : types[(i * 2 + 1) % 5];
-
-            mat_make(&w[i], t, rows[i], cols);
+            k[i] = ci < 7 ? kinds[ci] : mixed[ci - 7][i];
+            ok = ok && kind_ok(I->vec, k[i]);
+        }
+        if (!ok) continue;
+        for (int i = 0; i < 3; i++) {
+            mat_make(&w[i], k[i].type, rows[i], cols);
+            mat_layout(&w[i], k[i].layout, be);
             ws[i] = &w[i].m;
             be->matmul(be, want[i], x, n, ws[i]);
         }
@@ -992,6 +1114,7 @@ static const Case cases[] = {
     { "attention primitives", test_attn_prims },
     { "elementwise primitives", test_elementwise },
     { "embed", test_embed },
+    { "repack", test_repack },
     { "rmsnorm", test_rmsnorm },
     { "matmul", test_matmul },
     { "matmul batch and thread invariance", test_matmul_invariance },
