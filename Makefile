@@ -16,7 +16,7 @@ OPT       ?= -O2
 CFLAGS    := -std=c11 $(OPT) -g -Wall -Wextra -Werror -Wshadow \
              -Wno-unused-parameter -D_GNU_SOURCE -pthread \
              -Iengine -Ikernels -Ikernels/cpu
-LDLIBS    := -lpcre2-8 -lm -pthread
+LDLIBS    := -lpcre2-8 -lyajl -lm -pthread
 
 # Per-ISA kernel files get their instruction set; the dispatcher picks one at
 # run time, so the binary runs on any x86-64.
@@ -103,9 +103,13 @@ $(BUILD)/bench/bench_kernels: bench/bench_kernels.c $(BUILD)/libomni.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -MMD -MP -o $@ $< $(BUILD)/libomni.a $(LDLIBS)
 
+$(BUILD)/bench/loadgen: bench/loadgen.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -MMD -MP -o $@ $< -lyajl -lm
+
 # Debian packages: build, then tests. `make deps` installs only what is
 # missing, so it is quick on a machine that has them.
-BUILD_PKGS := gcc make libpcre2-dev
+BUILD_PKGS := gcc make libpcre2-dev libyajl-dev
 TEST_PKGS  := libcmocka-dev clang libclang-rt-14-dev perl git ca-certificates \
               $(if $(shell command -v npm),,npm)
 BENCH_PKGS := cmake g++ git ca-certificates $(if $(shell command -v npm),,npm)
@@ -146,15 +150,27 @@ run: deps all
 	$(BUILD)/omni-engine generate --model $(OMNI_MODEL) \
 	    --prompt "$${OMNI_PROMPT:-Once upon a time}" --max-tokens 128 --stats
 
-fuzz: $(BUILD)/fuzz/fuzz_gguf
+# Each fuzz target links only the sources it exercises (no kernels, no
+# threads), so it builds with clang alone and stays fast per input.
+FUZZ_TARGETS    := gguf proto
+FUZZ_SRCS_gguf  := engine/gguf.c engine/tokenizer.c engine/tokenizer_encode.c \
+                   engine/tokenizer_pre.c engine/detok.c engine/log.c \
+                   kernels/dtype.c
+FUZZ_SRCS_proto := engine/frame.c engine/request.c engine/sampler.c \
+                   engine/stop.c engine/log.c
 
-$(BUILD)/fuzz/fuzz_%: t/fuzz/fuzz_%.c $(LIB_SRCS)
+fuzz: $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz_%)
+
+$(BUILD)/fuzz/fuzz_gguf: $(FUZZ_SRCS_gguf)
+$(BUILD)/fuzz/fuzz_proto: $(FUZZ_SRCS_proto)
+
+$(BUILD)/fuzz/fuzz_%: t/fuzz/fuzz_%.c $(wildcard engine/*.h kernels/*.h)
 	@mkdir -p $(@D)
 	clang -std=c11 -O1 -g -D_GNU_SOURCE -Iengine -Ikernels -Ikernels/cpu \
-	    -fsanitize=fuzzer,address,undefined -o $@ $< $(ENGINE_SRCS) \
-	    kernels/dtype.c -lpcre2-8 -lm
+	    -fsanitize=fuzzer,address,undefined -o $@ $< $(FUZZ_SRCS_$*) \
+	    -lpcre2-8 -lyajl -lm
 
-bench: all $(BUILD)/bench/bench_kernels
+bench: all $(BUILD)/bench/bench_kernels $(BUILD)/bench/loadgen
 	$(call apt_ensure,$(BENCH_PKGS))
 	bench/run
 

@@ -2,13 +2,22 @@
  *
  *   omni-engine generate   --model PATH --prompt TEXT [sampling options]
  *   omni-engine tokenize   --model PATH --text TEXT [--no-bos]
+ *   omni-engine bench      --model PATH [--n-prompt N] [--n-gen N]
  *   omni-engine make-model --out PATH --arch A --dim D ... --vocab-from GGUF
+ *   omni-engine serve      --model PATH --socket PATH [serve options]
+ *   omni-engine stage thinker --ipc-fd N --stats-fd N [serve options]
+ *   omni-engine client     --socket PATH --prompt TEXT [...] | --health ...
  *
  * Each subcommand builds its objects in order and frees them in reverse.
  * Every error ends the process with status 1 and one line on stderr,
- * "omni-engine: <what went wrong>"; usage errors name the option. */
+ * "omni-engine: <what went wrong>"; usage errors name the option.
+ *
+ * `serve` is the frontend (frontend.c); it starts `stage thinker` itself,
+ * passing its own options on, so both parse them here into one
+ * ServeConfig (serve.h) and agree on every setting. */
 
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,11 +25,13 @@
 
 #include "bench.h"
 #include "chat.h"
+#include "client.h"
 #include "generate.h"
 #include "kernels.h"
 #include "log.h"
 #include "make_model.h"
 #include "model.h"
+#include "serve.h"
 #include "tokenizer.h"
 
 #define MAX_OPTS 32
@@ -133,6 +144,32 @@ static long long opt_need_int(const Opts *o, const char *name, long long lo,
 
 static bool opt_flag(const Opts *o, const char *name) {
     return opt_str(o, name, NULL) != NULL;
+}
+
+/* Every value of a repeatable option (opts_parse keeps only the last),
+ * walking argv the way opts_parse does. Returns how many, at most max. */
+static int opt_all(const Opts *o, int argc, char **argv, const char *name,
+                   const char **out, int max)
+{
+    int n = 0;
+
+    for (int i = 0; i < argc; i++) {
+        bool flag = false;
+
+        for (int k = 0; k < o->n; k++) {
+            if (strcmp(o->opts[k].name, argv[i] + 2) == 0) {
+                flag = o->opts[k].flag;
+            }
+        }
+        if (flag || i + 1 >= argc) continue;
+        if (strcmp(argv[i] + 2, name) == 0) {
+            if (n == max) die("option '--%s' given more than %d times", name,
+                              max);
+            out[n++] = argv[i + 1];
+        }
+        i++;
+    }
+    return n;
 }
 
 static void opts_add(Opts *o, const char *const *names, bool flag) {
@@ -476,6 +513,184 @@ static int cmd_make_model(int argc, char **argv) {
 }
 
 
+/* ---- serve and stage ---------------------------------------------------
+ * `serve` runs the frontend; the frontend starts `stage thinker` with the
+ * options serve was given, so both read them with read_serve. */
+
+static const char *const SERVE_VALS[] = {
+    "model", "socket", "model-name", "threads", "isa", "ctx",
+    "max-batch-tokens", "max-seqs", "max-queue", "block-size", "kv-cache-mb",
+    "drain-timeout", "log-level", NULL
+};
+static const char *const SERVE_FLAGS[] = { "mmap", "no-prefix-cache", NULL };
+
+/* The served name when --model-name is not given: the file's name
+ * without its directory and ".gguf". */
+static const char *default_name(const char *path, char *buf, size_t cap) {
+    const char *base = strrchr(path, '/');
+    size_t      n;
+
+    base = base != NULL ? base + 1 : path;
+    n = strlen(base);
+    if (n > 5 && strcmp(base + n - 5, ".gguf") == 0) n -= 5;
+    if (n == 0 || n >= cap) die("option '--model-name' is needed for '%s'",
+                                path);
+    memcpy(buf, base, n);
+    buf[n] = '\0';
+    return buf;
+}
+
+static const char *parse_isa(const char *s) {
+    static const char *isas[] = { "auto", "avx512", "avx2", "ref" };
+
+    for (size_t i = 0; i < sizeof(isas) / sizeof(isas[0]); i++) {
+        if (strcmp(s, isas[i]) == 0) return s;
+    }
+    die("option '--isa' must be auto, avx512, avx2 or ref, not '%s'", s);
+}
+
+static LogLevel parse_log_level(const char *s) {
+    static const char *names[] = { "debug", "info", "warn", "error" };
+
+    for (int i = 0; i < 4; i++) {
+        if (strcmp(s, names[i]) == 0) return (LogLevel) i;
+    }
+    die("option '--log-level' must be debug, info, warn or error, not '%s'",
+        s);
+}
+
+/* Fills c from the serve options; name (cap bytes) holds a derived model
+ * name. Every bad value dies naming its option. */
+static void read_serve(const Opts *o, ServeConfig *c, char *name, size_t cap)
+{
+    const char *mn = opt_str(o, "model-name", NULL);
+
+    c->model_path = model_path(o);
+    c->socket_path = opt_str(o, "socket", NULL);
+    if (mn != NULL && mn[0] == '\0') die("option '--model-name' is empty");
+    c->model_name = mn != NULL ? mn : default_name(c->model_path, name, cap);
+    c->threads = (int) opt_int(o, "threads", 0, 0, 1024);
+    c->isa = parse_isa(opt_str(o, "isa", "auto"));
+    c->mmap = opt_flag(o, "mmap");
+    c->ctx = opt_int(o, "ctx", 0, 16, 1 << 20);
+    c->max_seqs = (int) opt_int(o, "max-seqs", 64, 1, 4096);
+    c->max_batch_tokens = opt_int(o, "max-batch-tokens", 512, 1, 1 << 20);
+    if (c->max_batch_tokens < c->max_seqs) {
+        die("option '--max-batch-tokens' (%" PRId64 ") must be at least "
+            "'--max-seqs' (%d)", c->max_batch_tokens, c->max_seqs);
+    }
+    c->max_queue = (int) opt_int(o, "max-queue", 1024, 0, 1 << 20);
+    c->block_size = (int) opt_int(o, "block-size", 16, 1, 1024);
+    c->kv_cache_mb = opt_float(o, "kv-cache-mb", 1024, 0.01, 1 << 20);
+    c->prefix_cache = !opt_flag(o, "no-prefix-cache");
+    c->drain_s = (int) opt_int(o, "drain-timeout", 30, 0, 86400);
+    log_set_level(parse_log_level(opt_str(o, "log-level", "info")));
+}
+
+static int cmd_serve(int argc, char **argv) {
+    Opts        o = { .n = 0 };
+    ServeConfig c;
+    char        name[256];
+    Err         err;
+
+    opts_add(&o, SERVE_VALS, false);
+    opts_add(&o, SERVE_FLAGS, true);
+    opts_parse(&o, argc, argv);
+    read_serve(&o, &c, name, sizeof(name));
+    opt_need(&o, "socket");
+    if (frontend_run(&c, argc, argv, &err) != 0) die("%s", err.msg);
+    return 0;
+}
+
+static int cmd_stage(int argc, char **argv) {
+    static const char *fds[] = { "ipc-fd", "stats-fd", NULL };
+    Opts        o = { .n = 0 };
+    ServeConfig c;
+    char        name[256];
+    Err         err;
+    int         ipc, stats;
+
+    if (argc < 1 || strcmp(argv[0], "thinker") != 0) {
+        die("unknown stage '%s' (thinker)", argc > 0 ? argv[0] : "");
+    }
+    opts_add(&o, SERVE_VALS, false);
+    opts_add(&o, SERVE_FLAGS, true);
+    opts_add(&o, fds, false);
+    opts_parse(&o, argc - 1, argv + 1);
+    ipc = (int) opt_need_int(&o, "ipc-fd", 0, 1 << 20);
+    stats = (int) opt_need_int(&o, "stats-fd", 0, 1 << 20);
+    read_serve(&o, &c, name, sizeof(name));
+    if (thinker_main(&c, ipc, stats, &err) != 0) die("%s", err.msg);
+    return 0;
+}
+
+
+/* ---- client ------------------------------------------------------------ */
+
+/* A control request; the exit status says whether health is 200. */
+static int client_ctl(const char *sock, const Opts *o) {
+    int     n = opt_flag(o, "health") + opt_flag(o, "models")
+                + opt_flag(o, "metrics");
+    uint8_t type = opt_flag(o, "health") ? OMNI_F_HEALTH
+                   : opt_flag(o, "models") ? OMNI_F_MODELS : OMNI_F_METRICS;
+    Err     err;
+    int     rc;
+
+    if (n > 1) die("options '--health', '--models' and '--metrics' exclude "
+                   "each other");
+    if (opt_str(o, "prompt", NULL) != NULL) {
+        die("option '--prompt' does not go with '--health', '--models' or "
+            "'--metrics'");
+    }
+    rc = client_control(sock, type, stdout, &err);
+    if (rc < 0) die("%s", err.msg);
+    return rc == 200 ? 0 : 1;
+}
+
+static int cmd_client(int argc, char **argv) {
+    static const char *vals[] = {
+        "socket", "prompt", "model", "max-tokens", "temperature", "seed",
+        "top-p", "top-k", "stop", NULL
+    };
+    static const char *flags[] = {
+        "chat", "usage", "health", "models", "metrics", NULL
+    };
+    static const char *finish[] = { "stop", "length" };
+    Opts          o = { .n = 0 };
+    ClientRequest rq;
+    OmniDone      d;
+    Err           err;
+    const char   *sock;
+
+    opts_add(&o, vals, false);
+    opts_add(&o, flags, true);
+    opts_parse(&o, argc, argv);
+    sock = opt_need(&o, "socket");
+    if (opt_flag(&o, "health") || opt_flag(&o, "models")
+        || opt_flag(&o, "metrics"))
+    {
+        return client_ctl(sock, &o);
+    }
+    rq.socket_path = sock;
+    rq.prompt = opt_need(&o, "prompt");
+    rq.chat = opt_flag(&o, "chat");
+    rq.model = opt_str(&o, "model", NULL);
+    rq.max_tokens = opt_int(&o, "max-tokens", -1, 1, 1 << 30);
+    rq.temperature = opt_float(&o, "temperature", NAN, 0.0f, 2.0f);
+    rq.top_p = opt_float(&o, "top-p", NAN, 0.0f, 1.0f);
+    rq.top_k = opt_int(&o, "top-k", -1, 0, 1 << 30);
+    rq.seed = opt_int(&o, "seed", -1, 0, INT64_MAX);
+    rq.n_stop = opt_all(&o, argc, argv, "stop", rq.stop, STOP_MAX);
+    if (client_generate(&rq, stdout, &d, &err) != 0) die("%s", err.msg);
+    if (opt_flag(&o, "usage")) {
+        fprintf(stderr, "prompt_tokens %u cached_tokens %u completion_tokens "
+                "%u finish %s\n", d.prompt_tokens, d.cached_tokens,
+                d.completion_tokens, finish[d.finish]);
+    }
+    return 0;
+}
+
+
 /* ---- main -------------------------------------------------------------- */
 
 static void usage(FILE *f) {
@@ -496,7 +711,19 @@ static void usage(FILE *f) {
           "  make-model --out PATH --arch llama|qwen2 --dim D --layers L\n"
           "             --heads H --kv-heads K --ffn F\n"
           "             --type f32|f16|bf16|q8_0|q4_0 --vocab-from GGUF\n"
-          "             [--seed S] [--ctx N] [--tied]\n", f);
+          "             [--seed S] [--ctx N] [--tied]\n"
+          "  serve      --model PATH --socket PATH [--model-name NAME]\n"
+          "             [--threads N] [--isa ...] [--mmap] [--ctx N]\n"
+          "             [--max-batch-tokens 512] [--max-seqs 64]\n"
+          "             [--max-queue 1024] [--block-size 16]\n"
+          "             [--kv-cache-mb 1024] [--no-prefix-cache]\n"
+          "             [--drain-timeout 30] [--log-level info]\n"
+          "  stage      thinker --ipc-fd N --stats-fd N [serve options]\n"
+          "             (started by serve, not by hand)\n"
+          "  client     --socket PATH --prompt TEXT [--chat] [--model NAME]\n"
+          "             [--max-tokens N] [--temperature T] [--seed S]\n"
+          "             [--top-p P] [--top-k K] [--stop TEXT]... [--usage]\n"
+          "  client     --socket PATH --health|--models|--metrics\n", f);
 }
 
 int main(int argc, char **argv) {
@@ -516,10 +743,19 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "make-model") == 0) {
         return cmd_make_model(argc - 2, argv + 2);
     }
+    if (strcmp(argv[1], "serve") == 0) {
+        return cmd_serve(argc - 2, argv + 2);
+    }
+    if (strcmp(argv[1], "stage") == 0) {
+        return cmd_stage(argc - 2, argv + 2);
+    }
+    if (strcmp(argv[1], "client") == 0) {
+        return cmd_client(argc - 2, argv + 2);
+    }
     if (strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0) {
         usage(stdout);
         return 0;
     }
-    die("unknown command '%s' (generate, tokenize, bench, make-model, help)",
-        argv[1]);
+    die("unknown command '%s' (generate, tokenize, bench, make-model, "
+        "serve, stage, client, help)", argv[1]);
 }

@@ -1,0 +1,1163 @@
+/* frontend.c -- the frontend process of `omni-engine serve`: the Unix
+ * socket server, routing requests to the thinker stage and its events
+ * back, supervising the stage, and answering health, models and metrics.
+ *
+ * One thread, one epoll loop, every descriptor non-blocking. Sources:
+ *
+ *   listener        accept; paused for a moment when descriptors run out
+ *   signalfd        SIGCHLD (reap the stage), SIGTERM/SIGINT (shut down)
+ *   stage channel   frames from the thinker: READY, STARTED, EVENT
+ *   stage stderr    copied to ours; its last line explains a failed start
+ *   connections     one per request or control exchange
+ *
+ * Timers (stage restart, drain deadline, kill deadlines) are a handful of
+ * deadlines folded into epoll_wait's timeout; a timer heap would buy
+ * nothing at this count.
+ *
+ * A connection: READ (waiting for its one frame) -> ACTIVE for a REQUEST
+ * (in the id table; the stage's events for it are forwarded) -> CLOSING
+ * (its last frame is queued; closed once flushed). Control frames and
+ * refused requests go from READ to CLOSING at once. A client that closes
+ * or fails while ACTIVE is a cancel: CANCEL goes to the stage and the
+ * connection is freed. Each connection's queued output is bounded
+ * (CONN_MAX_PENDING): a client that stops reading is cancelled and dropped
+ * rather than allowed to grow our memory.
+ *
+ * The stage: DOWN (no process; restart_at) -> LOADING (started) -> READY
+ * -> GONE (its channel hit EOF, the process is not reaped yet) -> DOWN.
+ * Requests in flight are failed when the process is reaped, not at EOF:
+ * EOF usually comes first, and the error should say how the stage ended.
+ * A stage that closes its channel but lives on is killed after
+ * GONE_KILL_S.
+ *
+ * Shutdown (SIGTERM/SIGINT): RUN -> DRAIN (listener closed and unlinked;
+ * requests in flight may finish for cfg->drain_s) -> FINISH (the rest get
+ * 503 engine_shutdown, the stage channel is closed so the stage exits,
+ * SIGKILL after STOP_KILL_S) -> return. A second signal skips the drain.
+ *
+ * Freeing: a connection closed while one epoll batch is handled may have
+ * another event later in the same batch, so closing marks it (fd -1) and
+ * parks it on a list that is freed after the batch. */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+#include <yajl/yajl_gen.h>
+#include <yajl/yajl_tree.h>
+
+#include "frame.h"
+#include "metrics.h"
+#include "request.h"
+#include "serve.h"
+#include "stage.h"
+#include "supervisor.h"
+
+#define CONN_MAX_PENDING  (8u << 20)    // queued output per client
+#define ID_BUCKETS        4096          // request id table (power of 2)
+#define MAX_EVENTS        64
+#define GONE_KILL_S       2.0           // channel closed, process alive
+#define STOP_KILL_S       5.0           // shutdown: stage exit, flushes
+#define LISTEN_PAUSE_S    0.1           // after EMFILE and friends
+#define FAILS_TO_REPORT   3             // failed starts before health
+                                        //   blames the stage
+
+typedef enum {
+    SRC_LISTEN,
+    SRC_SIGNAL,
+    SRC_STAGE,
+    SRC_STAGE_ERR,
+    SRC_CONN,
+} SrcKind;
+
+/* What an epoll event's data.ptr points at: the first member of each
+ * event source. */
+typedef struct {
+    SrcKind kind;
+} Source;
+
+typedef enum {
+    CONN_READ,                  // waiting for the one frame
+    CONN_ACTIVE,                // request at the stage
+    CONN_CLOSING,               // last frame queued; close when flushed
+} ConnState;
+
+typedef struct Conn {
+    Source       src;           // SRC_CONN
+    int          fd;            // -1 once closed (freed after the batch)
+    ConnState    state;
+    uint32_t     events;        // epoll mask registered now
+    FrameReader  rd;            // OMNI_DIR_TO_ENGINE
+    FrameWriter  wr;
+    uint64_t     id;            // request id, 0 before submission
+    double       t_arrive;      // REQUEST read (monotonic s), 0: none
+    double       t_submit;      // SUBMIT queued to the stage
+    double       t_first;       // first TEXT forwarded, 0: none yet
+    struct Conn *prev, *next;   // every open connection
+    struct Conn *hnext;         // chain in the id table
+} Conn;
+
+typedef enum {
+    STAGE_DOWN,
+    STAGE_LOADING,
+    STAGE_READY,
+    STAGE_GONE,
+} StageState;
+
+typedef enum {
+    PHASE_RUN,
+    PHASE_DRAIN,
+    PHASE_FINISH,
+} Phase;
+
+typedef struct {
+    const ServeConfig *cfg;     // borrowed
+    int          ep;            // epoll, owned
+    int          lfd;           // listener, -1 once closed
+    int          sfd;           // signalfd, owned
+    Source       s_listen, s_signal, s_stage, s_stage_err;
+    bool         listen_paused;
+    double       listen_resume;
+
+    /* the thinker stage */
+    StageProc    sp;
+    StageState   st;
+    bool         was_ready;     // this process said READY
+    FrameReader  srd;           // OMNI_DIR_STAGE
+    FrameWriter  swr;
+    uint32_t     sevents;       // epoll mask on sp.fd
+    double       ready_at;
+    double       restart_at;
+    double       gone_kill_at;  // INFINITY when not armed
+    char         model_id[256]; // served name (READY's id wins)
+    int64_t      max_model_len;
+    long long    created;       // unix time the frontend started
+
+    /* connections */
+    Conn        *conns;         // list of open connections
+    Conn        *dead;          // closed in this batch, freed after it
+    int64_t      n_conns;
+    int64_t      n_active;      // in CONN_ACTIVE
+    Conn        *ids[ID_BUCKETS];
+    uint64_t     next_id;
+
+    Metrics      metrics;
+    Phase        phase;
+    double       drain_until;
+    double       stop_kill_at;
+} Frontend;
+
+static double now_s(void) {
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double) ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void wr64(uint8_t *p, uint64_t v) {
+    omni_wr32(p, (uint32_t) v);
+    omni_wr32(p + 4, (uint32_t) (v >> 32));
+}
+
+static uint64_t rd64(const uint8_t *p) {
+    return (uint64_t) omni_rd32(p) | ((uint64_t) omni_rd32(p + 4) << 32);
+}
+
+/* Sets fd's epoll interest to events, adding fd when it is not in the set
+ * yet; *cur is the mask registered now. EPOLLHUP and EPOLLERR are always
+ * reported, whatever the mask. */
+static void ep_set(Frontend *fe, int fd, uint32_t *cur, uint32_t events,
+                   void *src)
+{
+    struct epoll_event ev = { .events = events, .data.ptr = src };
+
+    if (*cur == events) return;
+    if (epoll_ctl(fe->ep, EPOLL_CTL_MOD, fd, &ev) != 0
+        && epoll_ctl(fe->ep, EPOLL_CTL_ADD, fd, &ev) != 0)
+    {
+        log_msg(LOG_ERROR, "epoll_ctl on fd %d: %s", fd, strerror(errno));
+    }
+    *cur = events;
+}
+
+
+/* ---- Request id table ---------------------------------------------------
+ * Chained buckets by id; ids are sequential, so the low bits spread them
+ * evenly and a chain is about n_active / ID_BUCKETS long. */
+
+static Conn **id_slot(Frontend *fe, uint64_t id) {
+    return &fe->ids[id & (ID_BUCKETS - 1)];
+}
+
+static Conn *id_find(Frontend *fe, uint64_t id) {
+    Conn *c = *id_slot(fe, id);
+
+    while (c != NULL && c->id != id) c = c->hnext;
+    return c;
+}
+
+static void id_del(Frontend *fe, Conn *c) {
+    Conn **pp = id_slot(fe, c->id);
+
+    while (*pp != NULL && *pp != c) pp = &(*pp)->hnext;
+    if (*pp == c) *pp = c->hnext;
+    c->hnext = NULL;
+}
+
+
+/* ---- Talking to the stage ----------------------------------------------- */
+
+static void stage_flush(Frontend *fe);
+
+/* Queues SUBMIT or CANCEL (payload: u64 id [+ the request JSON]). A stage
+ * that is not up gets nothing: its requests are failed when it is reaped. */
+static void stage_send(Frontend *fe, uint8_t type, uint64_t id,
+                       const void *body, size_t len)
+{
+    uint8_t idb[8];
+
+    if (fe->sp.fd < 0) return;
+    wr64(idb, id);
+    if (frame_put2(&fe->swr, type, idb, 8, body, len) != 0) {
+        log_msg(LOG_ERROR, "out of memory queueing a frame for the thinker");
+        return;
+    }
+    stage_flush(fe);
+}
+
+
+/* ---- Connections -------------------------------------------------------- */
+
+static void conn_close(Frontend *fe, Conn *c) {
+    if (c->fd < 0) return;
+    if (c->state == CONN_ACTIVE) {
+        id_del(fe, c);
+        fe->n_active--;
+    }
+    epoll_ctl(fe->ep, EPOLL_CTL_DEL, c->fd, NULL);
+    close(c->fd);
+    c->fd = -1;
+    if (c->prev != NULL) c->prev->next = c->next;
+    else fe->conns = c->next;
+    if (c->next != NULL) c->next->prev = c->prev;
+    fe->n_conns--;
+    frame_reader_free(&c->rd);
+    frame_writer_free(&c->wr);
+    c->next = fe->dead;
+    fe->dead = c;
+}
+
+/* The client went away (EOF, reset, write error): a request in flight is
+ * cancelled at the stage. */
+static void conn_gone(Frontend *fe, Conn *c) {
+    if (c->state == CONN_ACTIVE) {
+        stage_send(fe, OMNI_F_STAGE_CANCEL, c->id, NULL, 0);
+        fe->metrics.cancelled++;
+        log_msg(LOG_DEBUG, "request %" PRIu64 " cancelled by its client",
+                c->id);
+    }
+    conn_close(fe, c);
+}
+
+/* Writes what the socket takes; closes a CLOSING connection once its
+ * output is out, and keeps the epoll mask in step with what is pending. */
+static void conn_flush(Frontend *fe, Conn *c) {
+    uint32_t ev;
+
+    if (frame_flush(&c->wr, c->fd) != 0) {
+        conn_gone(fe, c);
+        return;
+    }
+    if (c->state == CONN_CLOSING && frame_writer_pending(&c->wr) == 0) {
+        conn_close(fe, c);
+        return;
+    }
+    ev = c->state == CONN_CLOSING ? 0 : EPOLLIN;
+    if (frame_writer_pending(&c->wr) > 0) ev |= EPOLLOUT;
+    ep_set(fe, c->fd, &c->events, ev, c);
+}
+
+/* The exchange is over: leave the id table, flush, close. */
+static void conn_end(Frontend *fe, Conn *c) {
+    if (c->t_arrive > 0) hist_observe(&fe->metrics.e2e, now_s() - c->t_arrive,
+                                      1);
+    if (c->state == CONN_ACTIVE) {
+        id_del(fe, c);
+        fe->n_active--;
+    }
+    c->state = CONN_CLOSING;
+    conn_flush(fe, c);
+}
+
+/* Sends an ERROR event built here and ends the exchange. param and code
+ * may be NULL. */
+static void conn_error(Frontend *fe, Conn *c, int status, const char *param,
+                       const char *code, const char *msg)
+{
+    uint8_t   buf[OMNI_MAX_ERROR];
+    OmniError e = { 0 };
+    size_t    len;
+
+    e.status = (uint16_t) status;
+    e.type = status < 500 ? "invalid_request_error" : "server_error";
+    e.type_len = strlen(e.type);
+    e.param = param;
+    e.param_len = param != NULL ? strnlen(param, 256) : 0;
+    e.code = code;
+    e.code_len = code != NULL ? strnlen(code, 256) : 0;
+    e.message = msg;
+    e.message_len = strnlen(msg, OMNI_MAX_ERROR / 2);
+    len = omni_error_encode(buf, &e);
+    metrics_error(&fe->metrics, status, code, e.code_len);
+    if (frame_put(&c->wr, OMNI_F_ERROR, buf, len) != 0) {
+        conn_gone(fe, c);
+        return;
+    }
+    conn_end(fe, c);
+}
+
+static void conn_accept(Frontend *fe, int fd) {
+    Conn *c = calloc(1, sizeof(*c));
+
+    if (c == NULL) {
+        log_msg(LOG_ERROR, "out of memory accepting a connection");
+        close(fd);
+        return;
+    }
+    c->src.kind = SRC_CONN;
+    c->fd = fd;
+    c->state = CONN_READ;
+    frame_reader_init(&c->rd, OMNI_DIR_TO_ENGINE);
+    frame_writer_init(&c->wr);
+    c->next = fe->conns;
+    if (fe->conns != NULL) fe->conns->prev = c;
+    fe->conns = c;
+    fe->n_conns++;
+    ep_set(fe, fd, &c->events, EPOLLIN, c);
+}
+
+
+/* ---- Control replies ---------------------------------------------------- */
+
+/* 200 "ready", or 503 and why not, in the words health and refused
+ * requests both use. */
+static int health(const Frontend *fe, char *why, size_t cap) {
+    const StageProc *sp = &fe->sp;
+
+    if (fe->phase != PHASE_RUN) {
+        snprintf(why, cap, "the engine is shutting down");
+        return 503;
+    }
+    if (fe->st == STAGE_READY) {
+        snprintf(why, cap, "ready");
+        return 200;
+    }
+    if (sp->fails >= FAILS_TO_REPORT) {
+        snprintf(why, cap, "the thinker stage failed %d times before it was "
+                 "ready (last: %s%s%s); retrying", sp->fails, sp->exit_desc,
+                 sp->last_line[0] ? ": " : "", sp->last_line);
+    } else if (sp->exit_desc[0] != '\0') {
+        snprintf(why, cap, "the thinker stage is restarting");
+    } else {
+        snprintf(why, cap, "the model is loading");
+    }
+    return 503;
+}
+
+static void reply_health(Frontend *fe, Conn *c) {
+    uint8_t buf[2 + 1024];
+    int     status = health(fe, (char *) buf + 2, sizeof(buf) - 2);
+
+    omni_wr16(buf, (uint16_t) status);
+    if (frame_put(&c->wr, OMNI_F_HEALTH_R, buf, 2 + strlen((char *) buf + 2))
+        != 0)
+    {
+        conn_gone(fe, c);
+        return;
+    }
+    conn_end(fe, c);
+}
+
+static void reply_models(Frontend *fe, Conn *c) {
+    yajl_gen             g = yajl_gen_alloc(NULL);
+    const unsigned char *out;
+    size_t               len;
+    int                  rc = -1;
+
+#define KEY(s) yajl_gen_string(g, (const unsigned char *) (s), strlen(s))
+    if (g != NULL) {
+        yajl_gen_map_open(g);
+        KEY("data");
+        yajl_gen_array_open(g);
+        yajl_gen_map_open(g);
+        KEY("id");
+        KEY(fe->model_id);
+        KEY("created");
+        yajl_gen_integer(g, fe->created);
+        KEY("owned_by");
+        KEY("ngx_omni");
+        KEY("max_model_len");
+        yajl_gen_integer(g, fe->max_model_len);
+        yajl_gen_map_close(g);
+        yajl_gen_array_close(g);
+        yajl_gen_map_close(g);
+        if (yajl_gen_get_buf(g, &out, &len) == yajl_gen_status_ok) {
+            rc = frame_put(&c->wr, OMNI_F_MODELS_R, out, len);
+        }
+        yajl_gen_free(g);
+    }
+#undef KEY
+    if (rc != 0) {
+        conn_gone(fe, c);
+        return;
+    }
+    conn_end(fe, c);
+}
+
+static void reply_metrics(Frontend *fe, Conn *c) {
+    TextBuf       tb;
+    MetricsGauges g;
+    int           rc = -1;
+
+    g.stage_ready = fe->st == STAGE_READY;
+    g.connections = fe->n_conns;
+    g.rss_frontend = metrics_rss(0);
+    g.rss_thinker = fe->sp.pid > 0 ? metrics_rss(fe->sp.pid) : -1;
+    tb_init(&tb);
+    metrics_render(&tb, &fe->metrics, fe->sp.stats, &g);
+    if (!tb.oom && tb.len <= OMNI_MAX_REPLY) {
+        rc = frame_put(&c->wr, OMNI_F_METRICS_R, tb.p, tb.len);
+    }
+    tb_free(&tb);
+    if (rc != 0) {
+        conn_gone(fe, c);
+        return;
+    }
+    conn_end(fe, c);
+}
+
+
+/* ---- Requests ----------------------------------------------------------- */
+
+/* Validates the REQUEST (so a client mistake is answered here, without a
+ * round trip to the stage) and hands it to the stage. The stage parses it
+ * again; parsing is microseconds next to one forward pass, and keeping
+ * the frontend free of model state is worth that. */
+static void request_start(Frontend *fe, Conn *c) {
+    const char *json = (const char *) c->rd.payload;
+    size_t      len = c->rd.hdr.len;
+    OmniRequest req;
+    ReqError    e;
+    char        why[1024];
+
+    c->t_arrive = now_s();
+    if (fe->phase != PHASE_RUN) {
+        conn_error(fe, c, 503, NULL, "engine_shutdown",
+                   "the engine is shutting down");
+        return;
+    }
+    if (request_parse(&req, json, len, &e) != 0) {
+        conn_error(fe, c, 400, e.param[0] ? e.param : NULL, NULL, e.err.msg);
+        return;
+    }
+    if (req.model != NULL && strcmp(req.model, fe->model_id) != 0) {
+        snprintf(why, sizeof(why), "The model `%.200s` does not exist or "
+                 "you do not have access to it.", req.model);
+        request_free(&req);
+        conn_error(fe, c, 404, "model", "model_not_found", why);
+        return;
+    }
+    request_free(&req);
+    if (fe->st != STAGE_READY) {
+        health(fe, why, sizeof(why));
+        conn_error(fe, c, 503, NULL, "engine_not_ready", why);
+        return;
+    }
+    c->id = fe->next_id++;
+    c->state = CONN_ACTIVE;
+    c->hnext = *id_slot(fe, c->id);
+    *id_slot(fe, c->id) = c;
+    fe->n_active++;
+    c->t_submit = now_s();
+    stage_send(fe, OMNI_F_STAGE_SUBMIT, c->id, json, len);
+}
+
+static void conn_frame(Frontend *fe, Conn *c) {
+    switch (c->rd.hdr.type) {
+    case OMNI_F_REQUEST: request_start(fe, c); break;
+    case OMNI_F_HEALTH:  reply_health(fe, c);  break;
+    case OMNI_F_MODELS:  reply_models(fe, c);  break;
+    case OMNI_F_METRICS: reply_metrics(fe, c); break;
+    default:
+        /* frame_feed checked the type for this direction */
+        conn_error(fe, c, 400, NULL, NULL, "unexpected frame type");
+    }
+}
+
+/* After its one frame a client only waits; anything it sends then is a
+ * protocol error, and EOF is a cancel. */
+static void conn_read_after(Frontend *fe, Conn *c) {
+    uint8_t b[256];
+    ssize_t n = read(c->fd, b, sizeof(b));
+
+    if (n > 0) {
+        if (c->state == CONN_ACTIVE) {
+            stage_send(fe, OMNI_F_STAGE_CANCEL, c->id, NULL, 0);
+        }
+        conn_error(fe, c, 400, NULL, NULL,
+                   "one frame per connection: unexpected data after it");
+    } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+        conn_gone(fe, c);
+    }
+}
+
+static void conn_read(Frontend *fe, Conn *c) {
+    FrameStatus st;
+    bool        eof = false;
+
+    if (c->state != CONN_READ) {
+        conn_read_after(fe, c);
+        return;
+    }
+    st = frame_read_fd(&c->rd, c->fd, &eof);
+    switch (st) {
+    case FRAME_READY:
+        if (frame_reader_buffered(&c->rd) > 0) {
+            conn_error(fe, c, 400, NULL, NULL,
+                       "one frame per connection: unexpected data after it");
+        } else {
+            conn_frame(fe, c);
+        }
+        break;
+    case FRAME_BAD:
+        log_msg(LOG_INFO, "client sent an invalid frame: %s", c->rd.error);
+        conn_error(fe, c, 400, NULL, NULL, c->rd.error);
+        break;
+    case FRAME_NOMEM:
+        conn_error(fe, c, 503, NULL, "out_of_memory",
+                   "out of memory reading the request");
+        break;
+    case FRAME_MORE:
+        if (eof) conn_gone(fe, c);
+        break;
+    }
+}
+
+static void on_conn(Frontend *fe, Conn *c, uint32_t ev) {
+    if (ev & EPOLLIN) conn_read(fe, c);
+    if (c->fd >= 0 && (ev & EPOLLOUT)) conn_flush(fe, c);
+    if (c->fd >= 0 && (ev & (EPOLLERR | EPOLLHUP)) && !(ev & EPOLLIN)) {
+        conn_gone(fe, c);
+    }
+}
+
+
+/* ---- Events from the stage ---------------------------------------------- */
+
+static void stage_kill(Frontend *fe, const char *why) {
+    if (fe->sp.pid <= 0) return;
+    log_msg(LOG_ERROR, "thinker stage (pid %d) %s; killing it",
+            (int) fe->sp.pid, why);
+    kill(fe->sp.pid, SIGKILL);
+}
+
+/* Metrics for a request's last event. */
+static void count_end(Frontend *fe, Conn *c, const OmniFrameHdr *h,
+                      const uint8_t *body)
+{
+    OmniDone  d;
+    OmniError e;
+    double    t = now_s();
+
+    if (h->type == OMNI_F_ERROR) {
+        omni_error_decode(&e, body, h->len);
+        metrics_error(&fe->metrics, e.status, e.code, e.code_len);
+        return;
+    }
+    omni_done_decode(&d, body);
+    fe->metrics.success[d.finish == OMNI_FINISH_LENGTH]++;
+    if (c->t_first == 0 && d.completion_tokens > 0) {
+        c->t_first = t;
+        hist_observe(&fe->metrics.ttft, t - c->t_arrive, 1);
+    }
+    if (d.completion_tokens > 1) {
+        hist_observe(&fe->metrics.itl,
+                     (t - c->t_first) / (d.completion_tokens - 1),
+                     d.completion_tokens - 1);
+    }
+}
+
+/* Checks the client frame inside an EVENT; a stage that sends a malformed
+ * one is broken, and the client must not see it. */
+static bool event_valid(const OmniFrameHdr *h, const uint8_t *body,
+                        size_t len)
+{
+    OmniDone  d;
+    OmniError e;
+
+    if (omni_frame_check(h, OMNI_DIR_TO_CLIENT) != NULL || h->len != len) {
+        return false;
+    }
+    switch (h->type) {
+    case OMNI_F_TEXT:  return h->len > 0;
+    case OMNI_F_DONE:  return omni_done_decode(&d, body) == 0;
+    case OMNI_F_ERROR: return omni_error_decode(&e, body, len) == 0;
+    default:           return false;
+    }
+}
+
+static void on_event(Frontend *fe, const uint8_t *p, size_t len) {
+    OmniFrameHdr h;
+    Conn        *c;
+    uint64_t     id;
+
+    if (len < 8 + OMNI_FRAME_HDR) {
+        stage_kill(fe, "sent a truncated EVENT");
+        return;
+    }
+    id = rd64(p);
+    omni_hdr_decode(&h, p + 8);
+    if (!event_valid(&h, p + 16, len - 16)) {
+        stage_kill(fe, "sent an invalid event");
+        return;
+    }
+    c = id_find(fe, id);
+    if (c == NULL) return;              // cancelled; the CANCEL crossed it
+    if (h.type == OMNI_F_TEXT && c->t_first == 0) {
+        c->t_first = now_s();
+        hist_observe(&fe->metrics.ttft, c->t_first - c->t_arrive, 1);
+    }
+    if (frame_put(&c->wr, h.type, p + 16, h.len) != 0) {
+        log_msg(LOG_ERROR, "out of memory queueing an event");
+        conn_gone(fe, c);
+        return;
+    }
+    if (h.type != OMNI_F_TEXT) {
+        count_end(fe, c, &h, p + 16);
+        conn_end(fe, c);
+        return;
+    }
+    conn_flush(fe, c);
+    if (c->fd >= 0 && frame_writer_pending(&c->wr) > CONN_MAX_PENDING) {
+        log_msg(LOG_WARN, "request %" PRIu64 ": the client is more than %u "
+                "MiB behind; cancelling it", id, CONN_MAX_PENDING >> 20);
+        conn_gone(fe, c);
+    }
+}
+
+static void on_ready(Frontend *fe, const uint8_t *p, size_t len) {
+    char      *s = malloc(len + 1);
+    yajl_val   v, id, n;
+    const char *idp[] = { "id", NULL };
+    const char *np[] = { "max_model_len", NULL };
+
+    if (s == NULL) return;
+    memcpy(s, p, len);
+    s[len] = '\0';
+    v = yajl_tree_parse(s, NULL, 0);
+    free(s);
+    id = yajl_tree_get(v, idp, yajl_t_string);
+    n = yajl_tree_get(v, np, yajl_t_number);
+    if (id != NULL) {
+        snprintf(fe->model_id, sizeof(fe->model_id), "%s",
+                 YAJL_GET_STRING(id));
+    }
+    if (n != NULL && YAJL_IS_INTEGER(n)) {
+        fe->max_model_len = YAJL_GET_INTEGER(n);
+    }
+    yajl_tree_free(v);
+    fe->st = STAGE_READY;
+    fe->was_ready = true;
+    fe->ready_at = now_s();
+    fe->sp.fails = 0;
+    log_msg(LOG_INFO, "thinker stage (pid %d) ready: model %s, context %"
+            PRId64, (int) fe->sp.pid, fe->model_id, fe->max_model_len);
+}
+
+static void on_started(Frontend *fe, const uint8_t *p, size_t len) {
+    Conn *c = len == 8 ? id_find(fe, rd64(p)) : NULL;
+
+    if (c != NULL) hist_observe(&fe->metrics.queue, now_s() - c->t_submit, 1);
+}
+
+static void stage_frame(Frontend *fe) {
+    const uint8_t *p = fe->srd.payload;
+    size_t         len = fe->srd.hdr.len;
+
+    switch (fe->srd.hdr.type) {
+    case OMNI_F_STAGE_READY:   on_ready(fe, p, len);   break;
+    case OMNI_F_STAGE_STARTED: on_started(fe, p, len); break;
+    case OMNI_F_STAGE_EVENT:   on_event(fe, p, len);   break;
+    default:
+        stage_kill(fe, "sent an unexpected frame type");
+    }
+}
+
+/* The channel closed or failed: stop using it. The requests on it are
+ * failed when the process is reaped; a process that stays is killed. */
+static void stage_channel_closed(Frontend *fe) {
+    if (fe->sp.fd < 0) return;
+    epoll_ctl(fe->ep, EPOLL_CTL_DEL, fe->sp.fd, NULL);
+    sup_close_channel(&fe->sp);
+    fe->sevents = 0;
+    if (fe->sp.pid > 0) {
+        fe->st = STAGE_GONE;
+        fe->gone_kill_at = now_s() + GONE_KILL_S;
+    }
+}
+
+/* Reads and handles every frame the channel holds now. */
+static void stage_read(Frontend *fe) {
+    FrameStatus st;
+    bool        eof;
+
+    while (fe->sp.fd >= 0) {
+        eof = false;
+        st = frame_read_fd(&fe->srd, fe->sp.fd, &eof);
+        if (st == FRAME_READY) {
+            stage_frame(fe);
+            frame_reader_next(&fe->srd);
+            continue;
+        }
+        if (st == FRAME_BAD || st == FRAME_NOMEM) {
+            stage_kill(fe, st == FRAME_BAD ? fe->srd.error
+                                           : "sent a frame too large to hold");
+            stage_channel_closed(fe);
+        } else if (eof) {
+            stage_channel_closed(fe);
+        }
+        return;
+    }
+}
+
+static void stage_flush(Frontend *fe) {
+    if (fe->sp.fd < 0) return;
+    if (frame_flush(&fe->swr, fe->sp.fd) != 0) {
+        stage_channel_closed(fe);
+        return;
+    }
+    ep_set(fe, fe->sp.fd, &fe->sevents,
+           EPOLLIN | (frame_writer_pending(&fe->swr) > 0 ? EPOLLOUT : 0),
+           &fe->s_stage);
+}
+
+
+/* ---- Stage supervision -------------------------------------------------- */
+
+static void stage_start(Frontend *fe) {
+    Err err;
+
+    frame_reader_free(&fe->srd);
+    frame_writer_free(&fe->swr);
+    frame_reader_init(&fe->srd, OMNI_DIR_STAGE);
+    frame_writer_init(&fe->swr);
+    if (sup_start(&fe->sp, &err) != 0) {
+        int delay = sup_backoff(&fe->sp, -1);
+
+        snprintf(fe->sp.exit_desc, sizeof(fe->sp.exit_desc),
+                 "could not start");
+        log_msg(LOG_ERROR, "starting the thinker stage: %s; retrying in %d "
+                "ms", err.msg, delay);
+        fe->restart_at = now_s() + delay / 1e3;
+        return;
+    }
+    fe->st = STAGE_LOADING;
+    fe->was_ready = false;
+    fe->gone_kill_at = INFINITY;
+    fe->sevents = 0;
+    ep_set(fe, fe->sp.fd, &fe->sevents, EPOLLIN, &fe->s_stage);
+    {
+        uint32_t ev = 0;
+
+        ep_set(fe, fe->sp.err_fd, &ev, EPOLLIN, &fe->s_stage_err);
+    }
+    log_msg(LOG_INFO, "started the thinker stage (pid %d)", (int) fe->sp.pid);
+}
+
+/* The process has been reaped: fail what was in flight on it and, unless
+ * shutting down, schedule the next start. Frames it wrote before dying
+ * are handled first (a DONE may be among them). */
+static void stage_died(Frontend *fe) {
+    char    msg[160];
+    int64_t failed = 0;
+    double  t = now_s();
+    int     delay;
+
+    stage_read(fe);
+    stage_channel_closed(fe);
+    sup_read_stderr(&fe->sp);
+    snprintf(msg, sizeof(msg), "the thinker stage exited (%s); retry",
+             fe->sp.exit_desc);
+    for (Conn *c = fe->conns, *next; c != NULL; c = next) {
+        next = c->next;
+        if (c->state == CONN_ACTIVE) {
+            conn_error(fe, c, 503, NULL, "stage_failed", msg);
+            failed++;
+        }
+    }
+    fe->st = STAGE_DOWN;
+    if (fe->phase != PHASE_RUN) {
+        log_msg(LOG_INFO, "thinker stage exited (%s)", fe->sp.exit_desc);
+        return;
+    }
+    delay = sup_backoff(&fe->sp, fe->was_ready ? t - fe->ready_at : -1);
+    atomic_fetch_add_explicit(&fe->sp.stats->stage_restarts, 1,
+                              memory_order_relaxed);
+    fe->restart_at = t + delay / 1e3;
+    log_msg(LOG_WARN, "thinker stage exited (%s)%s%s; %" PRId64 " requests "
+            "failed; restarting in %d ms", fe->sp.exit_desc,
+            fe->was_ready ? "" : " before it was ready: ",
+            fe->was_ready ? "" : fe->sp.last_line, failed, delay);
+}
+
+/* At EOF sup_read_stderr closes err_fd, which also takes it out of the
+ * epoll set (no other descriptor refers to that pipe end). */
+static void on_stage_err(Frontend *fe) {
+    sup_read_stderr(&fe->sp);
+}
+
+
+/* ---- Listener ----------------------------------------------------------- */
+
+/* A live engine answers connect(); a stale socket file refuses it and is
+ * removed. A path that exists but is not a socket is left alone. */
+static int listen_check(const char *path, Err *err) {
+    struct sockaddr_un a = { .sun_family = AF_UNIX };
+    struct stat        sb;
+    int                fd, rc;
+
+    if (lstat(path, &sb) != 0) {
+        return errno == ENOENT ? 0 : err_set(err, "%s: %s", path,
+                                             strerror(errno));
+    }
+    if (!S_ISSOCK(sb.st_mode)) {
+        return err_set(err, "%s exists and is not a socket", path);
+    }
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return err_set(err, "socket: %s", strerror(errno));
+    memcpy(a.sun_path, path, strlen(path) + 1);
+    rc = connect(fd, (struct sockaddr *) &a, sizeof(a));
+    close(fd);
+    if (rc == 0) {
+        return err_set(err, "%s: another engine is serving on this socket",
+                       path);
+    }
+    if (errno != ECONNREFUSED) return err_set(err, "%s: %s", path,
+                                              strerror(errno));
+    if (unlink(path) != 0) {
+        return err_set(err, "%s: removing the stale socket: %s", path,
+                       strerror(errno));
+    }
+    log_msg(LOG_INFO, "removed the stale socket %s", path);
+    return 0;
+}
+
+/* The socket file's mode is 0777 minus the umask: run the engine under
+ * umask 007 (and nginx in its group) to keep other users out. There is a
+ * window between the check and bind in which a second engine could start;
+ * bind then fails for one of them (EADDRINUSE), which is the right
+ * outcome. */
+static int listen_open(Frontend *fe, Err *err) {
+    struct sockaddr_un a = { .sun_family = AF_UNIX };
+    const char        *path = fe->cfg->socket_path;
+    uint32_t           ev = 0;
+
+    if (strlen(path) >= sizeof(a.sun_path)) {
+        return err_set(err, "%s: socket path too long (at most %zu bytes)",
+                       path, sizeof(a.sun_path) - 1);
+    }
+    if (listen_check(path, err) != 0) return -1;
+    memcpy(a.sun_path, path, strlen(path) + 1);
+    fe->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fe->lfd < 0) return err_set(err, "socket: %s", strerror(errno));
+    if (bind(fe->lfd, (struct sockaddr *) &a, sizeof(a)) != 0
+        || listen(fe->lfd, SOMAXCONN) != 0)
+    {
+        err_set(err, "%s: %s", path, strerror(errno));
+        close(fe->lfd);
+        fe->lfd = -1;
+        return -1;
+    }
+    ep_set(fe, fe->lfd, &ev, EPOLLIN, &fe->s_listen);
+    return 0;
+}
+
+static void listen_close(Frontend *fe) {
+    if (fe->lfd < 0) return;
+    close(fe->lfd);
+    fe->lfd = -1;
+    unlink(fe->cfg->socket_path);
+}
+
+/* Out of descriptors: stop accepting for a moment instead of spinning on
+ * a listener that stays readable. */
+static void listen_pause(Frontend *fe, bool pause) {
+    struct epoll_event ev = { .events = pause ? 0 : EPOLLIN,
+                              .data.ptr = &fe->s_listen };
+
+    if (fe->lfd < 0) return;
+    epoll_ctl(fe->ep, EPOLL_CTL_MOD, fe->lfd, &ev);
+    fe->listen_paused = pause;
+    fe->listen_resume = now_s() + LISTEN_PAUSE_S;
+}
+
+static void on_listen(Frontend *fe) {
+    for (;;) {
+        int fd = accept4(fe->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+
+        if (fd >= 0) {
+            conn_accept(fe, fd);
+            continue;
+        }
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS
+            || errno == ENOMEM)
+        {
+            log_msg(LOG_WARN, "accept: %s; pausing for %g s", strerror(errno),
+                    LISTEN_PAUSE_S);
+            listen_pause(fe, true);
+        }
+        return;
+    }
+}
+
+
+/* ---- Shutdown and signals ----------------------------------------------- */
+
+/* Ends what is still running; connections that never sent their frame
+ * are closed, so an idle client cannot hold up the exit. */
+static void finish_begin(Frontend *fe) {
+    for (Conn *c = fe->conns, *next; c != NULL; c = next) {
+        next = c->next;
+        if (c->state == CONN_ACTIVE) {
+            conn_error(fe, c, 503, NULL, "engine_shutdown",
+                       "the engine is shutting down");
+        } else if (c->state == CONN_READ) {
+            conn_close(fe, c);
+        }
+    }
+    fe->phase = PHASE_FINISH;
+    fe->stop_kill_at = now_s() + STOP_KILL_S;
+    stage_channel_closed(fe);           // the stage exits on EOF
+    fe->gone_kill_at = INFINITY;        // stop_kill_at governs now
+}
+
+static void stop_begin(Frontend *fe, int sig) {
+    if (fe->phase != PHASE_RUN) {
+        log_msg(LOG_WARN, "second %s: not waiting for requests in flight",
+                strsignal(sig));
+        if (fe->phase == PHASE_DRAIN) finish_begin(fe);
+        return;
+    }
+    log_msg(LOG_WARN, "%s: draining %" PRId64 " requests (at most %d s)",
+            strsignal(sig), fe->n_active, fe->cfg->drain_s);
+    listen_close(fe);
+    fe->phase = PHASE_DRAIN;
+    fe->drain_until = now_s() + fe->cfg->drain_s;
+}
+
+static void on_signal(Frontend *fe) {
+    struct signalfd_siginfo si;
+
+    while (read(fe->sfd, &si, sizeof(si)) == sizeof(si)) {
+        if (si.ssi_signo == SIGCHLD) {
+            if (sup_reap(&fe->sp)) stage_died(fe);
+        } else {
+            stop_begin(fe, (int) si.ssi_signo);
+        }
+    }
+}
+
+/* Blocks the signals the loop takes through signalfd (the stage gets
+ * them unblocked again before exec) and ignores SIGPIPE, so a client that
+ * went away shows up as EPIPE on write. */
+static int signals_open(Frontend *fe, Err *err) {
+    sigset_t set;
+    uint32_t ev = 0;
+
+    signal(SIGPIPE, SIG_IGN);
+    sigemptyset(&set);
+    sigaddset(&set, SIGCHLD);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    if (sigprocmask(SIG_BLOCK, &set, NULL) != 0) {
+        return err_set(err, "sigprocmask: %s", strerror(errno));
+    }
+    fe->sfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (fe->sfd < 0) return err_set(err, "signalfd: %s", strerror(errno));
+    ep_set(fe, fe->sfd, &ev, EPOLLIN, &fe->s_signal);
+    return 0;
+}
+
+
+/* ---- The loop ----------------------------------------------------------- */
+
+/* Milliseconds until the nearest deadline, -1 when there is none. */
+static int next_timeout(const Frontend *fe) {
+    double next = INFINITY, t = now_s();
+
+    if (fe->phase == PHASE_RUN && fe->st == STAGE_DOWN) next = fe->restart_at;
+    if (fe->st == STAGE_GONE) next = fmin(next, fe->gone_kill_at);
+    if (fe->listen_paused) next = fmin(next, fe->listen_resume);
+    if (fe->phase == PHASE_DRAIN) next = fmin(next, fe->drain_until);
+    if (fe->phase == PHASE_FINISH) next = fmin(next, fe->stop_kill_at);
+    if (isinf(next)) return -1;
+    return next <= t ? 0 : (int) ceil((next - t) * 1e3);
+}
+
+static void run_timers(Frontend *fe) {
+    double t = now_s();
+
+    if (fe->phase == PHASE_RUN && fe->st == STAGE_DOWN && t >= fe->restart_at)
+    {
+        stage_start(fe);
+    }
+    if (fe->st == STAGE_GONE && t >= fe->gone_kill_at) {
+        stage_kill(fe, "closed its channel but did not exit");
+        fe->gone_kill_at = INFINITY;
+    }
+    if (fe->listen_paused && t >= fe->listen_resume) listen_pause(fe, false);
+    if (fe->phase == PHASE_DRAIN && (fe->n_active == 0
+                                     || t >= fe->drain_until))
+    {
+        finish_begin(fe);
+    }
+    if (fe->phase == PHASE_FINISH && fe->sp.pid > 0 && t >= fe->stop_kill_at)
+    {
+        stage_kill(fe, "did not exit after its channel closed");
+        fe->stop_kill_at = INFINITY;
+    }
+}
+
+/* Done once the stage is reaped and every client has its last bytes, or
+ * the kill deadline passed for the clients (a client that does not read
+ * its error does not hold up the exit). */
+static bool finished(const Frontend *fe) {
+    return fe->phase == PHASE_FINISH && fe->sp.pid == 0
+           && (fe->n_conns == 0 || now_s() >= fe->stop_kill_at);
+}
+
+static void dispatch(Frontend *fe, struct epoll_event *ev) {
+    Source *s = ev->data.ptr;
+
+    switch (s->kind) {
+    case SRC_LISTEN:
+        if (fe->lfd >= 0) on_listen(fe);
+        break;
+    case SRC_SIGNAL:
+        on_signal(fe);
+        break;
+    case SRC_STAGE:
+        if (ev->events & (EPOLLIN | EPOLLHUP | EPOLLERR)) stage_read(fe);
+        if (ev->events & EPOLLOUT) stage_flush(fe);
+        break;
+    case SRC_STAGE_ERR:
+        on_stage_err(fe);
+        break;
+    case SRC_CONN:
+        if (((Conn *) s)->fd >= 0) on_conn(fe, (Conn *) s, ev->events);
+        break;
+    }
+}
+
+static void free_dead(Frontend *fe) {
+    while (fe->dead != NULL) {
+        Conn *c = fe->dead;
+
+        fe->dead = c->next;
+        free(c);
+    }
+}
+
+static void loop(Frontend *fe) {
+    struct epoll_event evs[MAX_EVENTS];
+
+    while (!finished(fe)) {
+        int n = epoll_wait(fe->ep, evs, MAX_EVENTS, next_timeout(fe));
+
+        if (n < 0 && errno != EINTR) {
+            log_msg(LOG_ERROR, "epoll_wait: %s", strerror(errno));
+            break;
+        }
+        for (int i = 0; i < n; i++) dispatch(fe, &evs[i]);
+        free_dead(fe);
+        run_timers(fe);
+        free_dead(fe);
+    }
+}
+
+
+/* ---- Setup and teardown ------------------------------------------------- */
+
+/* The name requests must use: the configured one (main.c fills it in from
+ * the file name when not given); the stage's READY confirms it. */
+static void frontend_init(Frontend *fe, const ServeConfig *cfg) {
+    memset(fe, 0, sizeof(*fe));
+    fe->cfg = cfg;
+    fe->ep = fe->lfd = fe->sfd = -1;
+    fe->s_listen.kind = SRC_LISTEN;
+    fe->s_signal.kind = SRC_SIGNAL;
+    fe->s_stage.kind = SRC_STAGE;
+    fe->s_stage_err.kind = SRC_STAGE_ERR;
+    fe->st = STAGE_DOWN;
+    fe->gone_kill_at = INFINITY;
+    fe->next_id = 1;
+    fe->created = (long long) time(NULL);
+    fe->max_model_len = cfg->ctx;
+    snprintf(fe->model_id, sizeof(fe->model_id), "%s",
+             cfg->model_name != NULL ? cfg->model_name : "model");
+    frame_reader_init(&fe->srd, OMNI_DIR_STAGE);
+    frame_writer_init(&fe->swr);
+    metrics_init(&fe->metrics);
+}
+
+/* After the loop: the stage has been reaped unless the loop broke out on
+ * an error, in which case it is killed and waited for here. */
+static void frontend_free(Frontend *fe) {
+    while (fe->conns != NULL) conn_close(fe, fe->conns);
+    free_dead(fe);
+    listen_close(fe);
+    if (fe->sp.pid > 0) {
+        kill(fe->sp.pid, SIGKILL);
+        while (!sup_reap(&fe->sp)) usleep(10000);
+    }
+    sup_free(&fe->sp);
+    frame_reader_free(&fe->srd);
+    frame_writer_free(&fe->swr);
+    if (fe->sfd >= 0) close(fe->sfd);
+    if (fe->ep >= 0) close(fe->ep);
+}
+
+int frontend_run(const ServeConfig *cfg, int argc, char **argv, Err *err) {
+    Frontend *fe = malloc(sizeof(*fe));
+    int       rc = -1;
+
+    if (fe == NULL) return err_set(err, "out of memory");
+    frontend_init(fe, cfg);
+    if (sup_init(&fe->sp, "thinker", argc, argv, err) != 0) {
+        free(fe);
+        return -1;
+    }
+    fe->ep = epoll_create1(EPOLL_CLOEXEC);
+    if (fe->ep < 0) {
+        err_set(err, "epoll_create1: %s", strerror(errno));
+    } else if (signals_open(fe, err) == 0 && listen_open(fe, err) == 0) {
+        log_msg(LOG_INFO, "serving %s on %s", fe->model_id, cfg->socket_path);
+        stage_start(fe);
+        loop(fe);
+        rc = 0;
+    }
+    frontend_free(fe);
+    free(fe);
+    return rc;
+}

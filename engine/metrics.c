@@ -1,0 +1,289 @@
+/* metrics.c -- histograms, counters and the Prometheus text exposition;
+ * see metrics.h for who counts what.
+ *
+ * Rendering builds the whole text in one TextBuf on every scrape. A scrape
+ * is rare (seconds apart) and the text is a few KiB, so there is no cache
+ * and no incremental update: each call reads the counters as they are. */
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "metrics.h"
+
+/* ---- Growable text ------------------------------------------------------ */
+
+void tb_init(TextBuf *b) {
+    b->p = NULL;
+    b->len = b->cap = 0;
+    b->oom = false;
+}
+
+void tb_free(TextBuf *b) {
+    free(b->p);
+    tb_init(b);
+}
+
+static bool tb_reserve(TextBuf *b, size_t more) {
+    size_t cap = b->cap ? b->cap : 4096;
+    char  *p;
+
+    if (b->oom) return false;
+    while (cap - b->len <= more) cap *= 2;
+    if (cap == b->cap) return true;
+    p = realloc(b->p, cap);
+    if (p == NULL) {
+        b->oom = true;
+        return false;
+    }
+    b->p = p;
+    b->cap = cap;
+    return true;
+}
+
+void tb_printf(TextBuf *b, const char *fmt, ...) {
+    va_list ap;
+    int     n;
+
+    va_start(ap, fmt);
+    n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0 || !tb_reserve(b, (size_t) n + 1)) return;
+    va_start(ap, fmt);
+    vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
+    va_end(ap);
+    b->len += (size_t) n;
+}
+
+/* ---- Histograms --------------------------------------------------------- */
+
+/* vLLM's bounds, with finer steps at the low end: a small model on a CPU
+ * produces tokens in about a millisecond. */
+static const double TTFT_BOUNDS[] = {
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+};
+static const double ITL_BOUNDS[] = {
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
+    0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+};
+static const double E2E_BOUNDS[] = {
+    0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0,
+    20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0,
+    7680.0,
+};
+
+#define COUNT(a) ((int) (sizeof(a) / sizeof((a)[0])))
+
+void hist_init(Hist *h, const double *bounds, int n) {
+    memset(h, 0, sizeof(*h));
+    h->bounds = bounds;
+    h->n = n < HIST_MAX_BUCKETS ? n : HIST_MAX_BUCKETS;
+}
+
+void hist_observe(Hist *h, double v, uint64_t k) {
+    int i = 0;
+
+    while (i < h->n && v > h->bounds[i]) i++;
+    h->counts[i] += k;
+    h->sum += v * (double) k;
+    h->count += k;
+}
+
+/* ---- The frontend's metrics --------------------------------------------- */
+
+void metrics_init(Metrics *m) {
+    memset(m, 0, sizeof(*m));
+    hist_init(&m->ttft, TTFT_BOUNDS, COUNT(TTFT_BOUNDS));
+    hist_init(&m->itl, ITL_BOUNDS, COUNT(ITL_BOUNDS));
+    hist_init(&m->e2e, E2E_BOUNDS, COUNT(E2E_BOUNDS));
+    hist_init(&m->queue, E2E_BOUNDS, COUNT(E2E_BOUNDS));
+}
+
+/* Linear search: the table holds a handful of pairs, and an error is not
+ * the hot path. Pairs beyond the table are folded into the last slot so a
+ * stage sending many distinct codes cannot grow the exposition. */
+void metrics_error(Metrics *m, int status, const char *code, size_t code_len)
+{
+    char        c[METRICS_CODE_MAX];
+    ErrorCount *e;
+
+    if (code == NULL) code_len = 0;
+    if (code_len >= sizeof(c)) code_len = sizeof(c) - 1;
+    if (code_len > 0) memcpy(c, code, code_len);
+    c[code_len] = '\0';
+    for (int i = 0; i < m->n_errors; i++) {
+        e = &m->errors[i];
+        if (e->status == status && strcmp(e->code, c) == 0) {
+            e->n++;
+            return;
+        }
+    }
+    if (m->n_errors == METRICS_MAX_ERRORS - 1) {
+        status = 0;
+        strcpy(c, "other");
+    }
+    if (m->n_errors == METRICS_MAX_ERRORS) {
+        m->errors[METRICS_MAX_ERRORS - 1].n++;
+        return;
+    }
+    e = &m->errors[m->n_errors++];
+    e->status = (uint16_t) status;
+    memcpy(e->code, c, strlen(c) + 1);
+    e->n = 1;
+}
+
+int64_t metrics_rss(int pid) {
+    char  path[64];
+    FILE *f;
+    long  size, resident;
+    int   ok;
+
+    if (pid == 0) {
+        snprintf(path, sizeof(path), "/proc/self/statm");
+    } else {
+        snprintf(path, sizeof(path), "/proc/%d/statm", pid);
+    }
+    f = fopen(path, "r");
+    if (f == NULL) return -1;
+    ok = fscanf(f, "%ld %ld", &size, &resident) == 2;
+    fclose(f);
+    return ok ? (int64_t) resident * sysconf(_SC_PAGESIZE) : -1;
+}
+
+/* ---- Rendering ---------------------------------------------------------- */
+
+#define PFX "omni_engine_"
+
+static void head(TextBuf *b, const char *name, const char *type,
+                 const char *help)
+{
+    tb_printf(b, "# HELP " PFX "%s %s\n# TYPE " PFX "%s %s\n", name, help,
+              name, type);
+}
+
+static void gauge(TextBuf *b, const char *name, const char *help, double v) {
+    head(b, name, "gauge", help);
+    tb_printf(b, PFX "%s %.17g\n", name, v);
+}
+
+static void counter(TextBuf *b, const char *name, const char *help,
+                    uint64_t v)
+{
+    head(b, name, "counter", help);
+    tb_printf(b, PFX "%s %" PRIu64 "\n", name, v);
+}
+
+static void histogram(TextBuf *b, const char *name, const char *help,
+                      const Hist *h)
+{
+    uint64_t cum = 0;
+
+    head(b, name, "histogram", help);
+    for (int i = 0; i < h->n; i++) {
+        cum += h->counts[i];
+        tb_printf(b, PFX "%s_bucket{le=\"%g\"} %" PRIu64 "\n", name,
+                  h->bounds[i], cum);
+    }
+    tb_printf(b, PFX "%s_bucket{le=\"+Inf\"} %" PRIu64 "\n", name, h->count);
+    tb_printf(b, PFX "%s_sum %.17g\n", name, h->sum);
+    tb_printf(b, PFX "%s_count %" PRIu64 "\n", name, h->count);
+}
+
+/* A label value with \, " and newline escaped as the format requires. */
+static void label_value(TextBuf *b, const char *s) {
+    for (; *s != '\0'; s++) {
+        if (*s == '\\' || *s == '"') {
+            tb_printf(b, "\\%c", *s);
+        } else if (*s == '\n') {
+            tb_printf(b, "\\n");
+        } else {
+            tb_printf(b, "%c", *s);
+        }
+    }
+}
+
+#define LOAD(f) atomic_load_explicit(&stats->f, memory_order_relaxed)
+
+static void render_stage(TextBuf *b, const OmniStats *stats) {
+    int64_t total = LOAD(kv_blocks_total);
+    int64_t used = LOAD(kv_blocks_used);
+
+    gauge(b, "num_requests_running", "Requests admitted to the batch "
+          "(including preempted ones).", (double) LOAD(requests_running));
+    gauge(b, "num_requests_waiting", "Requests queued, not yet admitted.",
+          (double) LOAD(requests_waiting));
+    gauge(b, "kv_cache_usage_perc", "Fraction of KV cache blocks in use by "
+          "sequences (1 = full).", total > 0 ? (double) used / total : 0);
+    head(b, "kv_cache_blocks", "gauge", "KV cache blocks by state.");
+    tb_printf(b, PFX "kv_cache_blocks{state=\"free\"} %" PRId64 "\n"
+              PFX "kv_cache_blocks{state=\"used\"} %" PRId64 "\n"
+              PFX "kv_cache_blocks{state=\"cached\"} %" PRId64 "\n",
+              LOAD(kv_blocks_free), used, LOAD(kv_blocks_cached));
+    counter(b, "prefix_cache_queries_total", "Prompt tokens looked up in the "
+            "prefix cache.", LOAD(prefix_cache_queries));
+    counter(b, "prefix_cache_hits_total", "Prompt tokens found in the prefix "
+            "cache.", LOAD(prefix_cache_hits));
+    counter(b, "num_preemptions_total", "Sequences preempted (to be "
+            "recomputed) when KV blocks ran out.", LOAD(preemptions));
+    counter(b, "prompt_tokens_total", "Prompt tokens of admitted requests.",
+            LOAD(prompt_tokens));
+    counter(b, "generation_tokens_total", "Tokens generated.",
+            LOAD(generation_tokens));
+    counter(b, "steps_total", "Forward passes (scheduler steps).",
+            LOAD(steps));
+    counter(b, "step_tokens_total", "Tokens run in those forward passes.",
+            LOAD(step_tokens));
+    counter(b, "stage_restarts_total", "Times the thinker stage was "
+            "restarted after it exited.", LOAD(stage_restarts));
+}
+
+static void render_outcomes(TextBuf *b, const Metrics *m) {
+    head(b, "request_success_total", "counter", "Requests that finished, by "
+         "finish reason.");
+    tb_printf(b, PFX "request_success_total{finished_reason=\"stop\"} %"
+              PRIu64 "\n" PFX "request_success_total{finished_reason="
+              "\"length\"} %" PRIu64 "\n", m->success[0], m->success[1]);
+    head(b, "request_errors_total", "counter", "Requests that ended with an "
+         "error event, by HTTP status and error code.");
+    for (int i = 0; i < m->n_errors; i++) {
+        tb_printf(b, PFX "request_errors_total{status=\"%d\",code=\"",
+                  m->errors[i].status);
+        label_value(b, m->errors[i].code);
+        tb_printf(b, "\"} %" PRIu64 "\n", m->errors[i].n);
+    }
+    counter(b, "requests_cancelled_total", "Requests cancelled because the "
+            "client went away or stopped reading.", m->cancelled);
+    histogram(b, "time_to_first_token_seconds", "Request arrival to the "
+              "first text.", &m->ttft);
+    histogram(b, "inter_token_latency_seconds", "Time between generated "
+              "tokens (per-request mean, after the first).", &m->itl);
+    histogram(b, "e2e_request_latency_seconds", "Request arrival to its "
+              "last event.", &m->e2e);
+    histogram(b, "request_queue_time_seconds", "Time a request waited to be "
+              "scheduled.", &m->queue);
+}
+
+void metrics_render(TextBuf *out, const Metrics *m, const OmniStats *stats,
+                    const MetricsGauges *g)
+{
+    if (stats != NULL) render_stage(out, stats);
+    render_outcomes(out, m);
+    gauge(out, "stage_ready", "1 when the thinker stage is loaded and "
+          "serving.", g->stage_ready ? 1 : 0);
+    gauge(out, "connections", "Open client connections.",
+          (double) g->connections);
+    head(out, "resident_memory_bytes", "gauge", "Resident memory by "
+         "process.");
+    if (g->rss_frontend >= 0) {
+        tb_printf(out, PFX "resident_memory_bytes{process=\"frontend\"} %"
+                  PRId64 "\n", g->rss_frontend);
+    }
+    if (g->rss_thinker >= 0) {
+        tb_printf(out, PFX "resident_memory_bytes{process=\"thinker\"} %"
+                  PRId64 "\n", g->rss_thinker);
+    }
+}

@@ -1,0 +1,661 @@
+/* request.c -- the normalized request JSON -> OmniRequest; the format is
+ * in request.h.
+ *
+ * Three steps:
+ *
+ *   1. a pre-scan of the raw bytes, for bounds yajl does not set;
+ *   2. yajl_tree_parse over a NUL-terminated copy;
+ *   3. a walk over the tree that checks every field we know and copies what
+ *      it keeps (strings, the message array) into the request's arena.
+ *
+ * Why the pre-scan. yajl 2.1 has no nesting limit and yajl_tree_free
+ * recurses, so a deep enough array (a million levels, 2 MB of "[]") parses
+ * fine and then overflows the stack when its tree is freed; we refuse more
+ * than REQ_MAX_DEPTH levels first.
+ * A tree node costs one or two mallocs (~50-90 bytes) for as little as two
+ * input bytes ("1,"), so a 16 MiB body of small numbers would take ~700 MB;
+ * counting the structural characters bounds the tree at REQ_MAX_NODES
+ * nodes (~25 MB) whatever the input. The scan also refuses what the tree API
+ * cannot represent or yajl lets through although JSON forbids it: a raw NUL
+ * byte (yajl_tree_parse takes a C string and would stop there, accepting a
+ * valid prefix), "\u0000" (the tree's strings are NUL-terminated without a
+ * length, so the text would be cut silently), and comments
+ * (yajl_tree_parse turns yajl_allow_comments on). Rejected alternative:
+ * yajl's event API with our own stack -- more code than the tree walk, for
+ * a parse that is small next to one forward pass.
+ *
+ * Checks go field by field in a fixed order, not in the order of the keys,
+ * so the same body always reports the same first error. A key given twice
+ * counts once, its last value wins (as in JavaScript's JSON.parse). JSON
+ * null for an optional field means absent, as in the OpenAI API.
+ *
+ * Every string in the result is NUL-terminated UTF-8 (yajl has validated
+ * it) in one arena: blocks chained newest first, the first sized for the
+ * whole request (the decoded strings are never longer than the JSON), so
+ * a request is almost always one allocation. */
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <yajl/yajl_tree.h>
+
+#include "request.h"
+
+#define REQ_MAX_DEPTH   64          // nesting levels; ours use 5
+#define REQ_MAX_NODES   (1 << 18)   // strings + structural characters
+#define REQ_CLIP        40          // bytes of a client value quoted back
+
+#define BAD_JSON "We could not parse the JSON body of your request"
+
+
+/* ---- arena ---- */
+
+typedef struct Block {
+    struct Block *next;         // the block before this one, owned
+    size_t        cap;          // bytes in data
+    size_t        used;
+    _Alignas(16) unsigned char data[];
+} Block;
+
+static void arena_free(Block *b) {
+    while (b != NULL) {
+        Block *next = b->next;
+
+        free(b);
+        b = next;
+    }
+}
+
+/* n bytes, 16-aligned, from the newest block or a new one of at least
+ * hint bytes. NULL when memory runs out. */
+static void *arena_alloc(Block **head, size_t n, size_t hint) {
+    Block *b = *head;
+    void  *p;
+
+    n = (n + 15) & ~(size_t) 15;
+    if (b == NULL || b->cap - b->used < n) {
+        size_t cap = n > hint ? n : hint;
+
+        if (b != NULL && cap < b->cap) cap = b->cap;
+        b = malloc(sizeof(*b) + cap);
+        if (b == NULL) return NULL;
+        b->next = *head;
+        b->cap = cap;
+        b->used = 0;
+        *head = b;
+    }
+    p = b->data + b->used;
+    b->used += n;
+    return p;
+}
+
+
+/* ---- errors ---- */
+
+/* The parser's state: the arena being filled and where errors go. */
+typedef struct {
+    Block    *arena;            // owned until handed to the request
+    size_t    hint;             // size of the first block
+    ReqError *e;
+} Parser;
+
+/* Sets the error for param: the message is "param: what", or just "what"
+ * when param is empty. Returns -1. */
+__attribute__((format(printf, 3, 4)))
+static int fail(Parser *p, const char *param, const char *fmt, ...) {
+    char    what[ERR_MAX];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof(what), fmt, ap);
+    va_end(ap);
+    snprintf(p->e->param, sizeof(p->e->param), "%s", param);
+    if (param[0] == '\0') return err_set(&p->e->err, "%s", what);
+    return err_set(&p->e->err, "%s: %s", param, what);
+}
+
+/* At most REQ_CLIP bytes of a client's string, cut at a character
+ * boundary (the text is valid UTF-8), "..." marking a cut. */
+static const char *clip(const char *s, char out[REQ_CLIP + 4]) {
+    size_t n = strnlen(s, REQ_CLIP + 1);
+
+    if (n <= REQ_CLIP) return s;
+    n = REQ_CLIP;
+    while (n > 0 && ((unsigned char) s[n] & 0xC0) == 0x80) n--;
+    memcpy(out, s, n);
+    memcpy(out + n, "...", 4);
+    return out;
+}
+
+static const char *type_name(yajl_val v) {
+    switch (v->type) {
+    case yajl_t_string: return "a string";
+    case yajl_t_number: return "a number";
+    case yajl_t_object: return "an object";
+    case yajl_t_array:  return "an array";
+    case yajl_t_true:
+    case yajl_t_false:  return "a boolean";
+    default:            return "null";
+    }
+}
+
+static int fail_type(Parser *p, const char *param, const char *want,
+                     yajl_val v) {
+    return fail(p, param, "expected %s, got %s", want, type_name(v));
+}
+
+
+/* ---- pre-scan ---- */
+
+/* Walks the raw bytes once, tracking strings the way the JSON lexer does,
+ * and refuses NUL bytes, "\u0000", comments, nesting deeper than
+ * REQ_MAX_DEPTH and more than REQ_MAX_NODES nodes. Brackets that do not
+ * match are yajl's to report. O(len), no allocation. */
+static int prescan(Parser *p, const char *s, size_t len) {
+    size_t nodes = 0;
+    int    depth = 0;
+    bool   in_str = false, esc = false;
+
+    for (size_t i = 0; i < len; i++) {
+        char c = s[i];
+
+        if (c == '\0') {
+            return fail(p, "", BAD_JSON ": NUL byte at offset %zu", i);
+        }
+        if (in_str) {
+            if (esc) {
+                esc = false;
+                if (c == 'u' && len - i > 4
+                    && memcmp(s + i + 1, "0000", 4) == 0) {
+                    return fail(p, "", "strings may not contain U+0000");
+                }
+            } else if (c == '\\') {
+                esc = true;
+            } else if (c == '"') {
+                in_str = false;
+            }
+            continue;
+        }
+        switch (c) {
+        case '/':
+            return fail(p, "", BAD_JSON ": comments are not JSON");
+        case '[':
+        case '{':
+            if (++depth > REQ_MAX_DEPTH) {
+                return fail(p, "", "request JSON nests deeper than %d levels",
+                            REQ_MAX_DEPTH);
+            }
+            break;
+        case ']':
+        case '}':
+            depth--;
+            continue;
+        case '"':
+            in_str = true;
+            break;
+        case ',':
+        case ':':
+            break;
+        default:
+            continue;
+        }
+        if (++nodes > REQ_MAX_NODES) {
+            return fail(p, "", "request JSON has more than %d values",
+                        REQ_MAX_NODES);
+        }
+    }
+    return 0;
+}
+
+
+/* ---- scalars ---- */
+
+/* Reads an integer in [lo, hi]. JSON has one number type, so 3.0 and 3e2
+ * are integers too; 2.5 is not. The raw text is read rather than yajl's
+ * flags: upstream yajl 2.1.0 never sets YAJL_NUMBER_INT_VALID. */
+static int get_int(Parser *p, const char *param, yajl_val v, int64_t lo,
+                   int64_t hi, int64_t *out) {
+    const char *raw;
+    char        c[REQ_CLIP + 4];
+    long long   i = 0;
+    int         beyond = 0;     // -1, +1: below, above every int64_t
+
+    if (!YAJL_IS_NUMBER(v)) return fail_type(p, param, "an integer", v);
+    raw = v->u.number.r;
+    if (strpbrk(raw, ".eE") == NULL) {
+        errno = 0;
+        i = strtoll(raw, NULL, 10);
+        if (errno == ERANGE) beyond = raw[0] == '-' ? -1 : 1;
+    } else {
+        double d = strtod(raw, NULL);
+
+        if (isfinite(d) && d != trunc(d)) {
+            return fail(p, param, "expected an integer, got %s",
+                        clip(raw, c));
+        }
+        if (d < -0x1p63) beyond = -1;
+        else if (d >= 0x1p63) beyond = 1;
+        else i = (long long) d;
+    }
+    if (beyond < 0 || (beyond == 0 && i < lo)) {
+        return fail(p, param, "must be >= %lld, got %s", (long long) lo,
+                    clip(raw, c));
+    }
+    if (beyond > 0 || i > hi) {
+        return fail(p, param, "must be at most %lld, got %s", (long long) hi,
+                    clip(raw, c));
+    }
+    *out = i;
+    return 0;
+}
+
+/* Reads a number in [lo, hi], or (lo, hi] when lo_open, as a float; the
+ * range holds for the float too (a tiny top_p must not round to 0), so the
+ * sampler's own check passes. */
+static int get_float(Parser *p, const char *param, yajl_val v, double lo,
+                     double hi, bool lo_open, float *out) {
+    char   c[REQ_CLIP + 4];
+    double d;
+    float  f;
+
+    if (!YAJL_IS_NUMBER(v)) return fail_type(p, param, "a number", v);
+    d = strtod(v->u.number.r, NULL);
+    f = (float) d;
+    if (lo_open ? d > lo && f > lo && d <= hi : d >= lo && d <= hi) {
+        *out = f;
+        return 0;
+    }
+    if (lo_open) {
+        return fail(p, param, "must be in (%g, %g], got %s", lo, hi,
+                    clip(v->u.number.r, c));
+    }
+    return fail(p, param, "must be between %g and %g, got %s", lo, hi,
+                clip(v->u.number.r, c));
+}
+
+/* A copy of the string v in the arena; *len gets its length. */
+static int get_string(Parser *p, const char *param, yajl_val v,
+                      const char **out, size_t *len) {
+    char  *s;
+    size_t n;
+
+    if (!YAJL_IS_STRING(v)) return fail_type(p, param, "a string", v);
+    n = strlen(v->u.string);
+    s = arena_alloc(&p->arena, n + 1, p->hint);
+    if (s == NULL) return fail(p, "", "out of memory for the request");
+    memcpy(s, v->u.string, n + 1);
+    *out = s;
+    if (len != NULL) *len = n;
+    return 0;
+}
+
+
+/* ---- messages ---- */
+
+/* The value of key in object o, the last one when repeated; NULL when
+ * absent or null. */
+static yajl_val member(yajl_val o, const char *key) {
+    yajl_val v = NULL;
+
+    for (size_t i = 0; i < o->u.object.len; i++) {
+        if (strcmp(o->u.object.keys[i], key) == 0) v = o->u.object.values[i];
+    }
+    return YAJL_IS_NULL(v) ? NULL : v;
+}
+
+/* The role as chat.h spells it: a static string, or NULL. */
+static const char *role_of(const char *s) {
+    static const char *const roles[][2] = {
+        { "system", "system" }, { "user", "user" },
+        { "assistant", "assistant" }, { "developer", "system" },
+        { "tool", "tool" },
+    };
+
+    for (size_t i = 0; i < sizeof(roles) / sizeof(roles[0]); i++) {
+        if (strcmp(s, roles[i][0]) == 0) return roles[i][1];
+    }
+    return NULL;
+}
+
+/* The text of part j of message i, checked: {"type": "text", "text": s}. */
+static int part_text(Parser *p, int i, size_t j, yajl_val part,
+                     const char **text) {
+    char     param[64], c[REQ_CLIP + 4];
+    yajl_val type, t;
+
+    snprintf(param, sizeof(param), "messages[%d].content[%zu]", i, j);
+    if (!YAJL_IS_OBJECT(part)) return fail_type(p, param, "an object", part);
+    type = member(part, "type");
+    snprintf(param, sizeof(param), "messages[%d].content[%zu].type", i, j);
+    if (type == NULL) return fail(p, param, "is required");
+    if (!YAJL_IS_STRING(type)) return fail_type(p, param, "a string", type);
+    if (strcmp(type->u.string, "text") != 0) {
+        return fail(p, param, "unsupported content part type '%s'",
+                    clip(type->u.string, c));
+    }
+    t = member(part, "text");
+    snprintf(param, sizeof(param), "messages[%d].content[%zu].text", i, j);
+    if (t == NULL) return fail(p, param, "is required");
+    if (!YAJL_IS_STRING(t)) return fail_type(p, param, "a string", t);
+    *text = t->u.string;
+    return 0;
+}
+
+/* An array of text parts, joined with "\n" as vLLM and llama.cpp join
+ * them, into one arena string. */
+static int content_parts(Parser *p, int i, yajl_val a, const char **out) {
+    size_t      n = a->u.array.len, total = 0, at = 0;
+    const char *text = NULL;
+    char       *s;
+
+    for (size_t j = 0; j < n; j++) {
+        if (part_text(p, i, j, a->u.array.values[j], &text) != 0) return -1;
+        total += strlen(text) + 1;
+    }
+    s = arena_alloc(&p->arena, total + 1, p->hint);
+    if (s == NULL) return fail(p, "", "out of memory for the request");
+    for (size_t j = 0; j < n; j++) {
+        size_t len;
+
+        text = member(a->u.array.values[j], "text")->u.string;
+        len = strlen(text);
+        if (j > 0) s[at++] = '\n';
+        memcpy(s + at, text, len);
+        at += len;
+    }
+    s[at] = '\0';
+    *out = s;
+    return 0;
+}
+
+/* Message i: role and content. Content may be absent or null only for an
+ * assistant turn (one that carried tool calls): it is then "". */
+static int parse_message(Parser *p, int i, yajl_val m, ChatMsg *msg) {
+    char     param[64], c[REQ_CLIP + 4];
+    yajl_val role, content;
+
+    snprintf(param, sizeof(param), "messages[%d]", i);
+    if (!YAJL_IS_OBJECT(m)) return fail_type(p, param, "an object", m);
+    role = member(m, "role");
+    snprintf(param, sizeof(param), "messages[%d].role", i);
+    if (role == NULL) return fail(p, param, "is required");
+    if (!YAJL_IS_STRING(role)) return fail_type(p, param, "a string", role);
+    msg->role = role_of(role->u.string);
+    if (msg->role == NULL) {
+        return fail(p, param, "must be one of 'system', 'user', "
+                    "'assistant', 'developer', 'tool', got '%s'",
+                    clip(role->u.string, c));
+    }
+    content = member(m, "content");
+    snprintf(param, sizeof(param), "messages[%d].content", i);
+    if (content == NULL) {
+        if (strcmp(msg->role, "assistant") != 0) {
+            return fail(p, param, "is required");
+        }
+        msg->content = "";
+        return 0;
+    }
+    if (YAJL_IS_ARRAY(content)) {
+        return content_parts(p, i, content, &msg->content);
+    }
+    if (!YAJL_IS_STRING(content)) {
+        return fail_type(p, param, "a string or an array of content parts",
+                         content);
+    }
+    return get_string(p, param, content, &msg->content, NULL);
+}
+
+static int parse_messages(Parser *p, yajl_val v, OmniRequest *r) {
+    size_t n;
+
+    if (!YAJL_IS_ARRAY(v)) return fail_type(p, "messages", "an array", v);
+    n = v->u.array.len;
+    if (n == 0) return fail(p, "messages", "must not be empty");
+    if (n > REQ_MAX_MESSAGES) {
+        return fail(p, "messages", "at most %d messages, got %zu",
+                    REQ_MAX_MESSAGES, n);
+    }
+    r->msgs = arena_alloc(&p->arena, n * sizeof(ChatMsg), p->hint);
+    if (r->msgs == NULL) return fail(p, "", "out of memory for the request");
+    for (size_t i = 0; i < n; i++) {
+        if (parse_message(p, (int) i, v->u.array.values[i], &r->msgs[i])) {
+            return -1;
+        }
+    }
+    r->n_msgs = (int) n;
+    r->chat = true;
+    return 0;
+}
+
+
+/* ---- sampling, stop, the rest ---- */
+
+/* One logit_bias entry: the key a decimal token id, the value a number in
+ * [-100, 100]. Whether the id exists in the vocabulary is the model's
+ * stage to say. */
+static int bias_entry(Parser *p, const char *key, yajl_val v, LogitBias *b) {
+    char   c[REQ_CLIP + 4], c2[REQ_CLIP + 4];
+    size_t len = strlen(key);
+    double d;
+
+    if (len == 0 || len > 10 || strspn(key, "0123456789") != len
+        || strtoll(key, NULL, 10) > INT32_MAX)
+    {
+        return fail(p, "logit_bias", "key '%s' is not a token id",
+                    clip(key, c));
+    }
+    if (!YAJL_IS_NUMBER(v)) return fail_type(p, "logit_bias", "a number", v);
+    d = strtod(v->u.number.r, NULL);
+    if (!(d >= -100 && d <= 100)) {
+        return fail(p, "logit_bias", "bias for token %s must be between "
+                    "-100 and 100, got %s", clip(key, c),
+                    clip(v->u.number.r, c2));
+    }
+    b->token = (int32_t) strtol(key, NULL, 10);
+    b->bias = (float) d;
+    return 0;
+}
+
+/* A token given twice keeps its last bias. O(n^2) over at most
+ * SAMPLER_MAX_BIAS entries. */
+static int parse_logit_bias(Parser *p, yajl_val v, SamplerParams *sp) {
+    size_t n;
+
+    if (!YAJL_IS_OBJECT(v)) return fail_type(p, "logit_bias", "an object", v);
+    n = v->u.object.len;
+    if (n > SAMPLER_MAX_BIAS) {
+        return fail(p, "logit_bias", "at most %d entries, got %zu",
+                    SAMPLER_MAX_BIAS, n);
+    }
+    for (size_t i = 0; i < n; i++) {
+        LogitBias b;
+        int32_t   k = 0;
+
+        if (bias_entry(p, v->u.object.keys[i], v->u.object.values[i], &b)) {
+            return -1;
+        }
+        while (k < sp->n_bias && sp->bias[k].token != b.token) k++;
+        sp->bias[k] = b;
+        if (k == sp->n_bias) sp->n_bias++;
+    }
+    return 0;
+}
+
+/* One stop string s as stop_init() will take it. */
+static int add_stop(Parser *p, yajl_val s, OmniRequest *r) {
+    size_t len;
+
+    if (!YAJL_IS_STRING(s)) {
+        return fail_type(p, "stop", "a string or an array of strings", s);
+    }
+    len = strlen(s->u.string);
+    if (len == 0) return fail(p, "stop", "sequence %d is empty", r->n_stop);
+    if (len > STOP_MAX_LEN - 1) {
+        return fail(p, "stop", "sequence %d is %zu bytes, at most %d",
+                    r->n_stop, len, STOP_MAX_LEN - 1);
+    }
+    if (get_string(p, "stop", s, &r->stop[r->n_stop], NULL) != 0) return -1;
+    r->n_stop++;
+    return 0;
+}
+
+static int parse_stop(Parser *p, yajl_val v, OmniRequest *r) {
+    if (!YAJL_IS_ARRAY(v)) return add_stop(p, v, r);
+    if (v->u.array.len > STOP_MAX) {
+        return fail(p, "stop", "at most %d sequences, got %zu", STOP_MAX,
+                    v->u.array.len);
+    }
+    for (size_t i = 0; i < v->u.array.len; i++) {
+        if (add_stop(p, v->u.array.values[i], r) != 0) return -1;
+    }
+    return 0;
+}
+
+/* The float parameters and their ranges, as sampler.c checks them. */
+static const struct {
+    const char *name;
+    double      lo, hi;
+    bool        lo_open;        // (lo, hi] rather than [lo, hi]
+    size_t      off;            // of the float in SamplerParams
+} FLOAT_PARAMS[] = {
+    { "temperature",       0, 2, false, offsetof(SamplerParams, temperature) },
+    { "top_p",             0, 1, true,  offsetof(SamplerParams, top_p) },
+    { "min_p",             0, 1, false, offsetof(SamplerParams, min_p) },
+    { "presence_penalty", -2, 2, false,
+      offsetof(SamplerParams, presence_penalty) },
+    { "frequency_penalty", -2, 2, false,
+      offsetof(SamplerParams, frequency_penalty) },
+};
+
+static int parse_sampling(Parser *p, yajl_val o, SamplerParams *sp) {
+    yajl_val v;
+    int64_t  i;
+
+    sampler_params_default(sp);
+    for (size_t k = 0; k < sizeof(FLOAT_PARAMS) / sizeof(FLOAT_PARAMS[0]);
+         k++) {
+        float *f = (float *) ((char *) sp + FLOAT_PARAMS[k].off);
+
+        v = member(o, FLOAT_PARAMS[k].name);
+        if (v != NULL && get_float(p, FLOAT_PARAMS[k].name, v,
+                                   FLOAT_PARAMS[k].lo, FLOAT_PARAMS[k].hi,
+                                   FLOAT_PARAMS[k].lo_open, f) != 0) {
+            return -1;
+        }
+    }
+    if ((v = member(o, "top_k")) != NULL) {
+        if (get_int(p, "top_k", v, 0, INT32_MAX, &i) != 0) return -1;
+        sp->top_k = (int32_t) i;
+    }
+    if ((v = member(o, "seed")) != NULL) {
+        if (get_int(p, "seed", v, 0, INT64_MAX, &i) != 0) return -1;
+        sp->seed = (uint64_t) i;
+    }
+    if ((v = member(o, "logit_bias")) != NULL) {
+        return parse_logit_bias(p, v, sp);
+    }
+    return 0;
+}
+
+/* The request's input: exactly one of messages and prompt. */
+static int parse_input(Parser *p, yajl_val o, OmniRequest *r) {
+    yajl_val msgs = member(o, "messages"), prompt = member(o, "prompt");
+
+    if (msgs != NULL && prompt != NULL) {
+        return fail(p, "prompt", "give either messages or prompt, not both");
+    }
+    if (msgs != NULL) return parse_messages(p, msgs, r);
+    if (prompt == NULL) {
+        return fail(p, "messages", "one of messages or prompt is required");
+    }
+    return get_string(p, "prompt", prompt, &r->prompt, &r->prompt_len);
+}
+
+static int parse_root(Parser *p, yajl_val o, OmniRequest *r) {
+    yajl_val v;
+
+    if (!YAJL_IS_OBJECT(o)) {
+        return fail(p, "", "the request must be a JSON object, got %s",
+                    type_name(o));
+    }
+    if ((v = member(o, "model")) != NULL
+        && get_string(p, "model", v, &r->model, NULL) != 0)
+        return -1;
+    if (parse_input(p, o, r) != 0) return -1;
+    r->max_tokens = -1;
+    if ((v = member(o, "max_tokens")) != NULL
+        && get_int(p, "max_tokens", v, 1, INT64_MAX, &r->max_tokens) != 0)
+        return -1;
+    if (parse_sampling(p, o, &r->sampling) != 0) return -1;
+    if ((v = member(o, "stop")) != NULL && parse_stop(p, v, r) != 0) {
+        return -1;
+    }
+    if ((v = member(o, "ignore_eos")) != NULL) {
+        if (!YAJL_IS_TRUE(v) && !YAJL_IS_FALSE(v)) {
+            return fail_type(p, "ignore_eos", "a boolean", v);
+        }
+        r->ignore_eos = YAJL_IS_TRUE(v);
+    }
+    if ((v = member(o, "cache_salt")) == NULL) return 0;
+    if (get_string(p, "cache_salt", v, &r->cache_salt, &r->cache_salt_len)) {
+        return -1;
+    }
+    if (r->cache_salt_len == 0 || r->cache_salt_len > REQ_MAX_SALT) {
+        return fail(p, "cache_salt", "must be 1 to %d bytes, got %zu",
+                    REQ_MAX_SALT, r->cache_salt_len);
+    }
+    return 0;
+}
+
+
+/* ---- entry points ---- */
+
+/* yajl's message is several lines, the later ones quoting the input; the
+ * first ("parse error: premature EOF") is the one worth passing on. */
+static int fail_json(Parser *p, const char *yajl_msg) {
+    size_t n = strcspn(yajl_msg, "\n");
+
+    while (n > 0 && yajl_msg[n - 1] == ' ') n--;
+    if (n == 0) return fail(p, "", BAD_JSON);
+    return fail(p, "", BAD_JSON ": %.*s", (int) n, yajl_msg);
+}
+
+int request_parse(OmniRequest *r, const char *json, size_t len,
+                  ReqError *e) {
+    Parser   p = { .arena = NULL, .hint = len + 256, .e = e };
+    char     ebuf[256];
+    char    *copy;
+    yajl_val root;
+    int      rc;
+
+    memset(r, 0, sizeof(*r));
+    memset(e, 0, sizeof(*e));
+    if (prescan(&p, json, len) != 0) return -1;
+    copy = malloc(len + 1);
+    if (copy == NULL) return fail(&p, "", "out of memory for the request");
+    memcpy(copy, json, len);
+    copy[len] = '\0';
+    root = yajl_tree_parse(copy, ebuf, sizeof(ebuf));
+    free(copy);
+    if (root == NULL) return fail_json(&p, ebuf);
+
+    rc = parse_root(&p, root, r);
+    yajl_tree_free(root);
+    if (rc != 0) {
+        arena_free(p.arena);
+        memset(r, 0, sizeof(*r));
+        return -1;
+    }
+    r->arena = p.arena;
+    return 0;
+}
+
+void request_free(OmniRequest *r) {
+    arena_free(r->arena);
+    memset(r, 0, sizeof(*r));
+}

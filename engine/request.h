@@ -1,0 +1,83 @@
+/* request.h -- the normalized request: the JSON a client (the nginx module)
+ * sends in a REQUEST frame, parsed and checked.
+ *
+ *   {
+ *     "model":             "stories260K",          optional; must name the
+ *                                                  served model when given
+ *     "messages":          [{"role": "user", "content": "Hi"}, ...],
+ *     "prompt":            "Once upon a time",     exactly one of the two
+ *     "max_tokens":        16,                     >= 1; absent: until EOS
+ *                                                  or the context is full
+ *     "temperature":       1.0,   [0, 2]
+ *     "top_p":             1.0,   (0, 1]
+ *     "top_k":             0,     >= 0, 0 = off
+ *     "min_p":             0.0,   [0, 1]
+ *     "seed":              42,    integer >= 0; absent: 0
+ *     "presence_penalty":  0.0,   [-2, 2]
+ *     "frequency_penalty": 0.0,   [-2, 2]
+ *     "logit_bias":        {"1234": -100},         [-100, 100], <= 300 keys
+ *     "stop":              "\n" or ["a", "b"],     <= 4, 1..255 bytes each
+ *     "ignore_eos":        false,                  keep going past EOS
+ *     "cache_salt":        "tenant-7"              prefix-cache isolation
+ *   }
+ *
+ * "content" is a string or an array of {"type": "text", "text": "..."}
+ * parts, joined. Roles: "system", "user", "assistant", "developer" (taken
+ * as "system"), "tool". Unknown keys are ignored, as OpenAI does.
+ * A messages request is rendered with the model's chat template and gets
+ * the generation prompt; a prompt request is tokenized as it is.
+ *
+ * Errors name the parameter as the OpenAI API does ("top_p", "messages[1]
+ * .role", "stop") so the module can put it in `error.param`; all are
+ * client mistakes (400). Whether token ids in logit_bias exist and whether
+ * the prompt fits the context is for the stage that has the model to say.
+ *
+ * Parsing uses yajl's tree API. An OmniRequest owns one arena that holds
+ * every string and array; request_free releases everything. */
+
+#ifndef OMNI_REQUEST_H
+#define OMNI_REQUEST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "chat.h"
+#include "log.h"
+#include "sampler.h"
+#include "stop.h"
+
+#define REQ_MAX_MESSAGES 4096
+#define REQ_MAX_SALT     256
+
+typedef struct {
+    const char    *model;           // NULL when absent
+    bool           chat;            // messages (true) or prompt (false)
+    ChatMsg       *msgs;            // (n_msgs,) when chat
+    int            n_msgs;
+    const char    *prompt;          // when !chat; NUL-terminated
+    size_t         prompt_len;
+    int64_t        max_tokens;      // -1: no limit but the context
+    SamplerParams  sampling;
+    const char    *stop[STOP_MAX];
+    int            n_stop;
+    bool           ignore_eos;
+    const char    *cache_salt;      // NULL when absent
+    size_t         cache_salt_len;
+    void          *arena;           // everything above points into it,
+                                    //   owned
+} OmniRequest;
+
+typedef struct {
+    Err  err;                       // what is wrong
+    char param[64];                 // the parameter, "" when none applies
+} ReqError;
+
+/* Parses len bytes of JSON. Returns 0 with r filled (the caller frees it
+ * with request_free), or -1 with e set and r owning nothing. Never reads
+ * past len; input need not be NUL-terminated. */
+int  request_parse(OmniRequest *r, const char *json, size_t len,
+                   ReqError *e);
+void request_free(OmniRequest *r);
+
+#endif

@@ -1,0 +1,52 @@
+/* serve.h -- `omni-engine serve`: its settings and the entry points of its
+ * two kinds of process.
+ *
+ *   omni-engine serve --model PATH --socket PATH [options]
+ *
+ * runs the frontend (frontend.c): it listens on the Unix socket, starts the
+ * thinker stage (thinker.c) by fork+exec of its own binary as
+ *
+ *   omni-engine stage thinker --ipc-fd 3 --stats-fd 4 <the serve options>
+ *
+ * and restarts it if it dies (stage.h describes the channel). Both
+ * processes parse the same options into a ServeConfig (main.c). */
+
+#ifndef OMNI_SERVE_H
+#define OMNI_SERVE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "log.h"
+
+typedef struct {
+    const char *model_path;
+    const char *model_name;         // served id; default: the file's name
+                                    //   without directory and ".gguf"
+    const char *socket_path;
+    int         threads;            // 0: one per core
+    const char *isa;                // NULL: auto
+    bool        mmap;               // map weights instead of copying
+    int64_t     ctx;                // 0: the model's, at most 4096
+    int64_t     max_batch_tokens;   // default 512
+    int         max_seqs;           // default 64
+    int         max_queue;          // default 1024
+    int         block_size;         // default 16
+    double      kv_cache_mb;        // 0: 1024; the pool never takes more
+                                    //   than max_seqs full contexts use
+    bool        prefix_cache;       // default on
+    int         drain_s;            // on SIGTERM, wait this long for
+                                    //   requests in flight (default 30)
+} ServeConfig;
+
+/* The frontend. argv (argc entries) are the serve options exactly as given,
+ * passed on to the stage it starts. Returns 0 after a clean SIGTERM/SIGINT
+ * shutdown, or -1 with err set when it cannot start (socket in use, ...). */
+int frontend_run(const ServeConfig *cfg, int argc, char **argv, Err *err);
+
+/* The thinker stage: loads the model, says READY on ipc_fd, serves SUBMIT
+ * and CANCEL until ipc_fd reaches EOF. Returns 0 then, or -1 with err set
+ * when it cannot start (the model does not load, ...). */
+int thinker_main(const ServeConfig *cfg, int ipc_fd, int stats_fd, Err *err);
+
+#endif

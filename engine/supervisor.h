@@ -1,0 +1,82 @@
+/* supervisor.h -- the process side of a stage: its shared statistics page,
+ * starting it by fork+exec, capturing its stderr, reaping it, and the
+ * restart backoff.
+ *
+ * This file knows nothing of frames or epoll: the frontend registers the
+ * descriptors it hands out (fd, err_fd) and decides when to call what. The
+ * split keeps process plumbing (fd numbering in the child, signal state,
+ * exit statuses) apart from request routing. */
+
+#ifndef OMNI_SUPERVISOR_H
+#define OMNI_SUPERVISOR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+#include "log.h"
+#include "stage.h"
+
+#define SUP_BACKOFF_MIN_MS  100     // first restart delay
+#define SUP_BACKOFF_MAX_MS  5000    // doubling stops here
+#define SUP_STABLE_S        30.0    // ready this long: backoff resets
+
+typedef struct {
+    const char *kind;               // "thinker", borrowed (static)
+    char      **argv;               // exec argv, NULL-terminated; the
+                                    //   array owned, strings borrowed
+    int         stats_fd;           // memfd with one OmniStats, owned
+    OmniStats  *stats;              // shared mapping of stats_fd, owned
+    pid_t       pid;                // the process, 0 when none
+    int         fd;                 // our end of its channel (non-blocking),
+                                    //   -1 when closed
+    int         err_fd;             // read end of its stderr (non-blocking),
+                                    //   -1 when closed
+    int         backoff_ms;         // delay before the next start
+    int         fails;              // exits in a row before READY
+    char        exit_desc[64];      // how the last process ended:
+                                    //   "status 1", "signal 9"
+    char        last_line[256];     // the last line it wrote to stderr
+    char        line[256];          // the line being read from err_fd
+    size_t      line_len;
+} StageProc;
+
+/* Creates the statistics page (memfd, mapped shared, magic set) and the
+ * argv a start will exec:
+ *   omni-engine stage <kind> --ipc-fd 3 --stats-fd 4 <argv[0..argc)>
+ * argv is borrowed and must outlive sp. Returns 0, or -1 with err set. */
+int  sup_init(StageProc *sp, const char *kind, int argc, char **argv,
+              Err *err);
+
+/* Unmaps and closes what sup_init made, and any descriptor still open.
+ * The process must have been reaped first (pid == 0). */
+void sup_free(StageProc *sp);
+
+/* Starts the process: a socketpair for its channel and a pipe for its
+ * stderr, then fork; the child gets the channel on fd 3 and the page on
+ * fd 4, every other descriptor closed, signals unblocked and at their
+ * defaults, and execs /proc/self/exe. Sets pid, fd and err_fd. Returns 0,
+ * or -1 with err set (nothing is left open then). */
+int  sup_start(StageProc *sp, Err *err);
+
+/* Closes our end of the channel (the stage exits when it sees EOF). */
+void sup_close_channel(StageProc *sp);
+
+/* Collects the process if it has ended, without blocking. Returns true
+ * when it has: exit_desc tells how, pid is 0, and the page's gauges are
+ * zeroed (no stage is there to update them). */
+bool sup_reap(StageProc *sp);
+
+/* Reads what is waiting on err_fd, copies it to our stderr and remembers
+ * its last complete line. Returns false at EOF or on an error (err_fd is
+ * closed then), true while it stays open. */
+bool sup_read_stderr(StageProc *sp);
+
+/* The restart policy, called once per ended process. ready_s is how long
+ * it had been ready, or < 0 when it never said READY (that counts as a
+ * failure in a row). Returns the delay before the next start in ms:
+ * SUP_BACKOFF_MIN_MS doubling to SUP_BACKOFF_MAX_MS, back to the minimum
+ * after a process stayed ready for SUP_STABLE_S. Can't fail. */
+int  sup_backoff(StageProc *sp, double ready_s);
+
+#endif
