@@ -3,19 +3,11 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "bench.h"
 #include "kv_cache.h"
 
 #define BENCH_BLOCK 16
-
-static double now_s(void) {
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double) ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 typedef struct {
     KVCache         kv;
@@ -79,17 +71,17 @@ static void step(const Model *m, Backend *be, BenchState *s, int64_t i0,
 }
 
 static double time_pp(const Model *m, Backend *be, BenchState *s, int64_t n) {
-    double t0 = now_s();
+    double t0 = clock_now_s();
 
     step(m, be, s, 0, n);
-    return n / (now_s() - t0);
+    return n / (clock_now_s() - t0);
 }
 
 static double time_tg(const Model *m, Backend *be, BenchState *s, int64_t n) {
-    double t0 = now_s();
+    double t0 = clock_now_s();
 
     for (int64_t i = 0; i < n; i++) step(m, be, s, i, 1);
-    return n / (now_s() - t0);
+    return n / (clock_now_s() - t0);
 }
 
 int bench_run(const Model *m, Backend *be, const BenchParams *p,

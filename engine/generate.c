@@ -2,18 +2,10 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "generate.h"
 
 #define GEN_BLOCK_SIZE 16
-
-static double now_s(void) {
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double) ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 int gen_init(Generator *g, const Model *m, const Tokenizer *tk, Backend *be,
              int64_t n_ctx, int64_t max_batch, Err *err)
@@ -119,7 +111,7 @@ int gen_run(Generator *g, const int32_t *prompt, int64_t n_prompt,
     StopMatcher sm;
     Detok       d;
     int64_t     pos = n_prompt;
-    double      t0 = now_s(), t1;
+    double      t0 = clock_now_s(), t1;
     int32_t     tok;
 
     memset(st, 0, sizeof(*st));
@@ -139,7 +131,7 @@ int gen_run(Generator *g, const int32_t *prompt, int64_t n_prompt,
     detok_init(&d);
 
     prefill(g, prompt, n_prompt);
-    t1 = now_s();
+    t1 = clock_now_s();
     st->t_prefill = t1 - t0;
 
     while (st->n_gen < p->max_tokens) {
@@ -158,7 +150,7 @@ int gen_run(Generator *g, const int32_t *prompt, int64_t n_prompt,
         forward(g, &tok, 1, pos++);
     }
     if (!sm.stopped) emit_tail(g, &d, &sm, emit, ud);
-    st->t_decode = now_s() - t1;
+    st->t_decode = clock_now_s() - t1;
     sampler_free(&smp);
     return 0;
 }

@@ -40,6 +40,10 @@ int err_prefix(Err *err, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
 void log_set_level(LogLevel level);
+
+/* Seconds on the monotonic clock: for durations (latencies, timeouts,
+ * benchmark timings), never for wall-clock time. */
+double clock_now_s(void);
 void log_msg(LogLevel level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 

@@ -113,6 +113,10 @@ static inline uint32_t omni_rd32(const uint8_t *p) {
            | ((uint32_t) p[3] << 24);
 }
 
+static inline uint64_t omni_rd64(const uint8_t *p) {
+    return (uint64_t) omni_rd32(p) | ((uint64_t) omni_rd32(p + 4) << 32);
+}
+
 static inline void omni_wr16(uint8_t *p, uint16_t v) {
     p[0] = (uint8_t) v;
     p[1] = (uint8_t) (v >> 8);
@@ -123,6 +127,11 @@ static inline void omni_wr32(uint8_t *p, uint32_t v) {
     p[1] = (uint8_t) (v >> 8);
     p[2] = (uint8_t) (v >> 16);
     p[3] = (uint8_t) (v >> 24);
+}
+
+static inline void omni_wr64(uint8_t *p, uint64_t v) {
+    omni_wr32(p, (uint32_t) v);
+    omni_wr32(p + 4, (uint32_t) (v >> 32));
 }
 
 static inline void omni_hdr_decode(OmniFrameHdr *h, const uint8_t *p) {
@@ -170,7 +179,9 @@ static inline const char *omni_frame_check(const OmniFrameHdr *h,
                   && (h->type == OMNI_F_HEALTH || h->type == OMNI_F_MODELS
                       || h->type == OMNI_F_METRICS);
 
-    if (h->version != OMNI_PROTO_VERSION) return "unsupported protocol version";
+    if (h->version != OMNI_PROTO_VERSION) {
+        return "unsupported protocol version";
+    }
     if (h->flags != 0) return "nonzero frame flags";
     if (control) return h->len == 0 ? NULL : "control frame with a payload";
     if (omni_frame_limit(h->type, dir) == 0) return "unexpected frame type";

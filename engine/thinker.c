@@ -38,7 +38,6 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "chat.h"
@@ -75,24 +74,6 @@ typedef struct {
     size_t             chat_cap;
 } Thinker;
 
-static double now_s(void) {
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double) ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void wr64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t) (v >> (8 * i));
-}
-
-static uint64_t rd64(const uint8_t *p) {
-    uint64_t v = 0;
-
-    for (int i = 0; i < 8; i++) v |= (uint64_t) p[i] << (8 * i);
-    return v;
-}
-
 
 /* ---- Events out --------------------------------------------------------
  * Scheduler events become STAGE_EVENT frames: u64 id, then the client
@@ -103,7 +84,7 @@ static void put_event(Thinker *t, uint64_t id, uint8_t type, const void *p,
 {
     uint8_t pre[8 + OMNI_FRAME_HDR];
 
-    wr64(pre, id);
+    omni_wr64(pre, id);
     omni_hdr_encode(pre + 8, type, (uint32_t) n);
     if (frame_put2(&t->wr, OMNI_F_STAGE_EVENT, pre, sizeof(pre), p, n) != 0) {
         t->nomem = true;
@@ -114,7 +95,7 @@ static void ev_started(void *ud, uint64_t id) {
     Thinker *t = ud;
     uint8_t  b[8];
 
-    wr64(b, id);
+    omni_wr64(b, id);
     if (frame_put(&t->wr, OMNI_F_STAGE_STARTED, b, sizeof(b)) != 0) {
         t->nomem = true;
     }
@@ -268,10 +249,10 @@ static int read_frames(Thinker *t, Err *err) {
         }
         switch (t->rd.hdr.type) {
         case OMNI_F_STAGE_SUBMIT:
-            on_submit(t, rd64(p), (const char *) p + 8, len - 8);
+            on_submit(t, omni_rd64(p), (const char *) p + 8, len - 8);
             break;
         case OMNI_F_STAGE_CANCEL:
-            sched_cancel(t->sched, rd64(p));
+            sched_cancel(t->sched, omni_rd64(p));
             break;
         default:
             return err_set(err, "frontend sent stage frame type %u, which "
@@ -282,7 +263,9 @@ static int read_frames(Thinker *t, Err *err) {
     if (st == FRAME_BAD) {
         return err_set(err, "frontend channel: %s", t->rd.error);
     }
-    if (st == FRAME_NOMEM) return err_set(err, "out of memory reading a frame");
+    if (st == FRAME_NOMEM) {
+        return err_set(err, "out of memory reading a frame");
+    }
     return eof ? 1 : 0;
 }
 
@@ -309,7 +292,7 @@ static int load_model(Thinker *t, Err *err) {
     const ServeConfig *cfg = t->cfg;
     GGUFStr            tmpl = { NULL, 0 };
     bool               known;
-    double             t0 = now_s();
+    double             t0 = clock_now_s();
 
     if (model_load(&t->m, cfg->model_path, cfg->mmap ? GGUF_MAP : GGUF_COPY,
                    err) != 0)
@@ -332,7 +315,8 @@ static int load_model(Thinker *t, Err *err) {
     }
     log_msg(LOG_INFO, "thinker: loaded %s (%d layers, dim %d, vocab %d, "
             "chat template %s) in %.2f s", cfg->model_path, t->m.c.n_layers,
-            t->m.c.dim, t->m.c.n_vocab, chat_name(t->tmpl), now_s() - t0);
+            t->m.c.dim, t->m.c.n_vocab, chat_name(t->tmpl),
+            clock_now_s() - t0);
     return 0;
 }
 
@@ -453,7 +437,7 @@ static int warm_up(Thinker *t, Err *err) {
     int32_t            pos = 0, table = 0, out = 0;
     const int32_t     *tables = &table;
     TokenBatch         b = { 1, &pos, &tables };
-    double             t0 = now_s();
+    double             t0 = clock_now_s();
 
     if (kv_init(&kv, c->n_layers, c->n_kv_heads, c->head_dim,
                 t->cfg->block_size, 1, err) != 0)
@@ -468,7 +452,8 @@ static int warm_up(Thinker *t, Err *err) {
     model_forward(&t->m, t->be, &kv, &rs, &tok, &b, &out, 1);
     runstate_free(&rs);
     kv_free(&kv);
-    log_msg(LOG_INFO, "thinker: warm-up forward in %.3f s", now_s() - t0);
+    log_msg(LOG_INFO, "thinker: warm-up forward in %.3f s",
+            clock_now_s() - t0);
     return 0;
 }
 

@@ -217,26 +217,30 @@ sub metrics {
     return \%m;
 }
 
-# Runs every request (hashes) at once, each on its own connection, reading
-# them all with IO::Select. on_read, when given, is called with the reply
-# list after each read; it may return 'close:<i>' to close request i early
-# (a cancel). Returns the replies in order.
+# Runs every request (hashes) on its own connection, reading them all with
+# IO::Select; request i starts at i * gap seconds (gap 0 by default: all at
+# once). on_read, when given, is called with the reply list after each
+# read; it may return 'close:<i>' to close request i early (a cancel).
+# Returns the replies in order.
 sub run_concurrent {
     my ($srv, $reqs, %o) = @_;
     my (@socks, @replies, %idx);
     my $sel = IO::Select->new;
-    for my $i (0 .. $#$reqs) {
-        my $s = engine_connect($srv) or die "connect: $!";
-        $s->syswrite(frame($F{REQUEST}, encode_json($reqs->[$i])));
-        $s->blocking(0);
-        push @socks, $s;
-        push @replies, new_reply();
-        $idx{fileno $s} = $i;
-        $sel->add($s);
-    }
-    my $until = time + ($o{timeout} // 120);
-    while ($sel->count && time < $until) {
-        for my $s ($sel->can_read(0.5)) {
+    my $gap = $o{gap} // 0;
+    my $t0 = time;
+    my $until = $t0 + ($o{timeout} // 120);
+    while ((@socks < @$reqs || $sel->count) && time < $until) {
+        while (@socks < @$reqs && time >= $t0 + @socks * $gap) {
+            my $i = @socks;
+            my $s = engine_connect($srv) or die "connect: $!";
+            $s->syswrite(frame($F{REQUEST}, encode_json($reqs->[$i])));
+            $s->blocking(0);
+            push @socks, $s;
+            push @replies, new_reply();
+            $idx{fileno $s} = $i;
+            $sel->add($s);
+        }
+        for my $s ($sel->can_read(@socks < @$reqs ? 0.002 : 0.5)) {
             my $i = $idx{fileno $s};
             my $n = $s->sysread(my $chunk, 65536);
             next if !defined $n && $!{EAGAIN};

@@ -38,49 +38,11 @@ sub alone {
 
 my @want = map { alone($_) } @CASES;
 
-# Starts request i at i * gap seconds on its own connection and reads every
-# reply to the end.
-sub staggered {
-    my ($srv, $gap) = @_;
-    my (@socks, @replies, %idx);
-    my $sel = IO::Select->new;
-    my $t0 = time;
-    my $next = 0;
-    my $until = $t0 + 300;
-    while (($next < @CASES || $sel->count) && time < $until) {
-        while ($next < @CASES && time >= $t0 + $next * $gap) {
-            my $c = $CASES[$next];
-            my $s = engine_connect($srv) or die "connect: $!";
-            $s->syswrite(frame($F{REQUEST}, encode_json({
-                prompt => $c->{prompt}, max_tokens => $c->{max_tokens},
-                temperature => 0 })));
-            $s->blocking(0);
-            $replies[$next] = new_reply();
-            $idx{fileno $s} = $next++;
-            $sel->add($s);
-            push @socks, $s;
-        }
-        for my $s ($sel->can_read(0.005)) {
-            my $i = $idx{fileno $s};
-            my $n = $s->sysread(my $chunk, 65536);
-            next if !defined $n && $!{EAGAIN};
-            if (!$n) {
-                $replies[$i]{eof} = 1;
-                $sel->remove($s);
-                close $s;
-                next;
-            }
-            $replies[$i]{buf} .= $chunk;
-            add_frames($replies[$i], take_frames(\$replies[$i]{buf}));
-        }
-    }
-    return @replies;
-}
-
 sub check_exact {
     my ($name, $gap, @args) = @_;
     my $srv = serve_start(args => [@args]);
-    my @r = staggered($srv, $gap);
+    my @r = run_concurrent($srv, [map { { %$_, temperature => 0 } } @CASES],
+                           gap => $gap, timeout => 300);
     my ($ok, $bad) = (0, '');
     for my $i (0 .. $#CASES) {
         my $r = $r[$i];
