@@ -49,7 +49,12 @@ ASAN_FLAGS  := -fsanitize=address,undefined -fno-sanitize-recover=all \
 .PHONY: all test unit run bench fuzz deps test-deps clean FORCE
 .DELETE_ON_ERROR:
 
-all: $(BUILD)/omni-engine
+# The nginx module is built with the engine when nginx-dev is installed.
+NGX_SRC   := /usr/share/nginx/src
+NGX_BUILD := $(BUILD)/nginx
+
+all: $(BUILD)/omni-engine \
+     $(if $(wildcard $(NGX_SRC)/configure),$(BUILD)/ngx_omni_module.so)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(@D)
@@ -78,6 +83,31 @@ $(BUILD)/asan/libomni.a: $(ASAN_OBJS)
 
 $(BUILD)/omni-engine: $(BUILD)/obj/engine/main.o $(BUILD)/libomni.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+# ngx_omni_module: configured once into build/nginx the way Debian builds
+# its module packages (Debian's configure flags, --with-compat, so the .so
+# loads into Debian's nginx), again only when `config` changes; nginx's own
+# flags make warnings errors (-Werror). nginx names the .so after the first
+# module in it; it is installed as build/ngx_omni_module.so.
+NGX_MODULE_SRCS := $(wildcard ngx_omni_module/*.c ngx_omni_module/*.h) \
+                   engine/omni_proto.h
+
+$(NGX_BUILD)/Makefile: config
+	@mkdir -p $(@D)
+	@echo "configuring nginx for the module (log: $(NGX_BUILD)/configure.log)"
+	cd $(NGX_SRC) && bash -c '. ./conf_flags && ./configure \
+	    --with-cc-opt="$$(dpkg-buildflags --get CFLAGS) -fPIC \
+	        $$(dpkg-buildflags --get CPPFLAGS)" \
+	    --with-ld-opt="$$(dpkg-buildflags --get LDFLAGS) -fPIC" \
+	    "$${NGX_CONF_FLAGS[@]}" \
+	    --add-dynamic-module=$(CURDIR) \
+	    --builddir=$(CURDIR)/$(NGX_BUILD)' \
+	    > $(CURDIR)/$(NGX_BUILD)/configure.log 2>&1 \
+	    || { tail -20 $(CURDIR)/$(NGX_BUILD)/configure.log; exit 1; }
+
+$(BUILD)/ngx_omni_module.so: $(NGX_BUILD)/Makefile $(NGX_MODULE_SRCS)
+	$(MAKE) -f $(CURDIR)/$(NGX_BUILD)/Makefile -C $(NGX_SRC) modules
+	cp $(NGX_BUILD)/ngx_http_omni_module.so $@.tmp && mv -f $@.tmp $@
 
 $(BUILD)/t/%: t/unit/%.c $(BUILD)/libomni.a
 	@mkdir -p $(@D)
@@ -109,9 +139,9 @@ $(BUILD)/bench/loadgen: bench/loadgen.c
 
 # Debian packages: build, then tests. `make deps` installs only what is
 # missing, so it is quick on a machine that has them.
-BUILD_PKGS := gcc make libpcre2-dev libyajl-dev
+BUILD_PKGS := gcc make libpcre2-dev libyajl-dev nginx nginx-dev
 TEST_PKGS  := libcmocka-dev clang libclang-rt-14-dev perl git ca-certificates \
-              $(if $(shell command -v npm),,npm)
+              nginx nginx-dev nodejs $(if $(shell command -v npm),,npm)
 BENCH_PKGS := cmake g++ git ca-certificates $(if $(shell command -v npm),,npm)
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -132,23 +162,52 @@ endef
 deps:
 	$(call apt_ensure,$(BUILD_PKGS))
 
+# Test::Nginx comes from Debian sid (t/install-test-nginx); the official
+# openai npm package (t/e2e/), pinned, into a cache outside the repo.
+OMNI_CACHE ?= $(HOME)/.cache/ngx_omni
+OPENAI_NPM := 5.23.2
+
 test-deps:
 	$(call apt_ensure,$(BUILD_PKGS) $(TEST_PKGS))
+	@perl -MTest::Nginx::Socket -e1 2>/dev/null || t/install-test-nginx
+	@v=$$(node -p 'require("$(OMNI_CACHE)/npm/node_modules/openai/package.json").version' 2>/dev/null); \
+	[ "$$v" = "$(OPENAI_NPM)" ] || { mkdir -p $(OMNI_CACHE)/npm && \
+	    npm install --prefix $(OMNI_CACHE)/npm --no-audit --no-fund \
+	        --loglevel=error openai@$(OPENAI_NPM); }
 
+# t/*.t and t/e2e/*.t: Test::Nginx suites and real clients against nginx
+# with the module (t/lib/ sets their environment: Debian's nginx, a free
+# port, a server root under build/t/).
 test: test-deps
-	$(MAKE) all unit
+	$(MAKE) all unit $(BUILD)/ngx_omni_module.so $(BUILD)/bench/loadgen
 	t/fetch-llama-src
-	prove $(UNIT_BINS) $(ASAN_BINS) $(TSAN_BINS) t/engine/*.t
+	prove $(UNIT_BINS) $(ASAN_BINS) $(TSAN_BINS) t/engine/*.t t/*.t t/e2e/*.t
 
-# Until the nginx module lands (serving on 127.0.0.1:8080), `make run` says so
-# and runs the engine once on the default model instead.
-OMNI_MODEL ?= ../shared/models/stories260K.gguf
+# `make run`: nginx with the module in the foreground on 127.0.0.1:$OMNI_PORT,
+# its master running the engine (omni_engine) on $OMNI_MODEL, from the
+# private prefix build/run/. conf/nginx.conf is a template (nginx.conf has no
+# environment variables): its @NAME@ placeholders are filled in with sed.
+# Ctrl-C stops nginx, whose master stops the engine on its way out.
+RUN_PKGS         := $(BUILD_PKGS) nginx nginx-dev
+RUN_DIR          := $(abspath $(BUILD)/run)
+OMNI_PORT        := $(or $(OMNI_PORT),8080)
+OMNI_MODEL       := $(or $(OMNI_MODEL),../shared/models/stories260K.gguf)
+OMNI_ENGINE_ARGS ?=
 
-run: deps all
-	@echo "make run: HTTP serving (ngx_omni_module + omni-engine sidecar) is" \
-	    "not built yet; generating once with $(OMNI_MODEL) instead." >&2
-	$(BUILD)/omni-engine generate --model $(OMNI_MODEL) \
-	    --prompt "$${OMNI_PROMPT:-Once upon a time}" --max-tokens 128 --stats
+run:
+	$(call apt_ensure,$(RUN_PKGS))
+	$(MAKE) all $(BUILD)/ngx_omni_module.so
+	@test -f "$(OMNI_MODEL)" || { echo "make run: no model at" \
+	    "$(OMNI_MODEL) (set OMNI_MODEL)" >&2; exit 1; }
+	@mkdir -p $(RUN_DIR)/conf $(RUN_DIR)/logs $(RUN_DIR)/temp
+	sed -e 's|@ROOT@|$(CURDIR)|g' -e 's|@PREFIX@|$(RUN_DIR)|g' \
+	    -e 's|@OMNI_PORT@|$(OMNI_PORT)|g' \
+	    -e 's|@OMNI_MODEL@|$(abspath $(OMNI_MODEL))|g' \
+	    -e 's|@OMNI_ENGINE_ARGS@|$(OMNI_ENGINE_ARGS)|g' \
+	    conf/nginx.conf > $(RUN_DIR)/conf/nginx.conf
+	@echo "make run: http://127.0.0.1:$(OMNI_PORT)/v1/ (engine log:" \
+	    "$(RUN_DIR)/omni/engine.log); Ctrl-C stops nginx and the engine"
+	exec /usr/sbin/nginx -p $(RUN_DIR)/ -c conf/nginx.conf -g 'daemon off;'
 
 # Each fuzz target links only the sources it exercises (no kernels, no
 # threads), so it builds with clang alone and stays fast per input.
@@ -170,9 +229,11 @@ $(BUILD)/fuzz/fuzz_%: t/fuzz/fuzz_%.c $(wildcard engine/*.h kernels/*.h)
 	    -fsanitize=fuzzer,address,undefined -o $@ $< $(FUZZ_SRCS_$*) \
 	    -lpcre2-8 -lyajl -lm
 
-bench: all $(BUILD)/bench/bench_kernels $(BUILD)/bench/loadgen
-	$(call apt_ensure,$(BENCH_PKGS))
+bench: all $(BUILD)/bench/bench_kernels $(BUILD)/bench/loadgen \
+       $(BUILD)/ngx_omni_module.so
+	$(call apt_ensure,$(BENCH_PKGS) nginx)
 	bench/run
+	bench/nginx
 
 clean:
 	rm -rf $(BUILD)

@@ -3,10 +3,12 @@
  *   loadgen (--omni SOCKET | --http HOST:PORT [--path P]) --prompts FILE
  *           [--concurrency C] [--requests N] [--max-tokens T]
  *           [--ignore-eos] [--model NAME] [--api-key KEY] [--warmup K]
- *           [--timeout S] [--json OUT]
+ *           [--timeout S] [--duration S] [--expect-done] [--json OUT]
  *
  * It keeps C requests in flight until N have finished: each time one ends,
- * the next starts. Request i sends prompt i modulo the number of prompts
+ * the next starts. With --duration S it starts no request after S seconds
+ * (N, then, only bounds the count; default 2^20) and waits for those in
+ * flight. Request i sends prompt i modulo the number of prompts
  * (FILE holds one prompt a line), greedy, max_tokens T. Two protocols:
  *
  *   --omni SOCKET     omni-engine's wire protocol (engine/omni_proto.h) on a
@@ -26,6 +28,9 @@
  * predicted_n or tokens_predicted in an SSE event); text events are
  * counted only when a server reports nothing, since an event may carry
  * less or more than one token.
+ *
+ * --expect-done: an SSE stream that ends without "data: [DONE]" and without
+ * an error event is a failed request ("stream ended without [DONE]").
  *
  * The result is one JSON object (stdout, or --json OUT): aggregate
  * generated tokens/s over the wall time from the first request's start to
@@ -172,7 +177,9 @@ typedef struct {
     int         max_tokens;
     int         warmup;
     double      timeout;        // seconds per request
+    double      duration;       // seconds; 0: run N requests
     bool        ignore_eos;
+    bool        expect_done;    // SSE must end with [DONE]
 
     char      **prompts;        // (n_prompts,) owned
     int         n_prompts;
@@ -231,6 +238,8 @@ typedef struct {
     Buf       data;             // SSE event data being assembled, owned
     bool      have_data;
     bool      event_error;      // the event came in an "error" field
+    bool      saw_done;         // "data: [DONE]" seen
+    bool      expect_done;      // --expect-done
 
     bool      finished;         // DONE frame, or a complete HTTP body
     bool      failed;
@@ -414,7 +423,14 @@ static void sse_event(Conn *c, Stats *st, double t) {
         conn_fail(c, "SSE event too large");
         return;
     }
-    if (strcmp(c->data.p, "[DONE]") == 0) return;
+    if (strcmp(c->data.p, "[DONE]") == 0) {
+        c->saw_done = true;
+        return;
+    }
+    if (c->saw_done) {
+        conn_fail(c, "SSE event after [DONE]");
+        return;
+    }
     v = yajl_tree_parse(c->data.p, ebuf, sizeof(ebuf));
     if (v == NULL) {
         conn_fail(c, "SSE event is not JSON: %.80s", c->data.p);
@@ -618,6 +634,9 @@ end:
     if (c->status == 200) {
         /* a last event without its empty line still counts */
         if (c->have_data) sse_event(c, st, t);
+        if (c->expect_done && !c->saw_done && !c->failed) {
+            conn_fail(c, "stream ended without [DONE]");
+        }
         c->finished = !c->failed;
     } else {
         buf_append(&c->data, "", 1);
@@ -648,7 +667,8 @@ static void conn_start(Loop *lp, Conn *c, int req) {
     c->req = req;
     c->out_off = 0;
     c->in.len = c->line.len = c->data.len = 0;
-    c->have_data = c->event_error = false;
+    c->have_data = c->event_error = c->saw_done = false;
+    c->expect_done = cf->expect_done;
     c->hstate = H_HEADERS;
     c->status = 0;
     c->chunked = false;
@@ -786,14 +806,16 @@ static int conn_read(Loop *lp, Conn *c, double t) {
 }
 
 /* Runs n requests (first index first; -1: warm-up, one at a time) with up
- * to conc in flight. */
-static void loop_run(Loop *lp, int first, int n, int conc) {
+ * to conc in flight; none starts after deadline (0: none). Returns the
+ * number started. */
+static int loop_run(Loop *lp, int first, int n, int conc, double deadline) {
     struct epoll_event evs[64];
     int                next = 0, k, i;
     double             t;
 
     lp->done = 0;
-    while (lp->done < n || lp->in_flight > 0) {
+    while (next < n || lp->in_flight > 0) {
+        if (deadline > 0 && now_s() >= deadline) n = next;
         for (i = 0; i < conc && next < n; i++) {
             if (lp->conns[i].fd >= 0) continue;
             conn_start(lp, &lp->conns[i], first < 0 ? -1 : first + next);
@@ -827,6 +849,7 @@ static void loop_run(Loop *lp, int first, int n, int conc) {
             }
         }
     }
+    return next;
 }
 
 // --- report ------------------------------------------------------------------
@@ -940,7 +963,8 @@ static void usage(void) {
           "               [--concurrency C] [--requests N] [--max-tokens T] "
           "[--ignore-eos]\n"
           "               [--model NAME] [--api-key KEY] [--warmup K] "
-          "[--timeout S] [--json OUT]\n", stderr);
+          "[--timeout S] [--duration S]\n"
+          "               [--expect-done] [--json OUT]\n", stderr);
     exit(2);
 }
 
@@ -1005,10 +1029,15 @@ static void args_parse(Config *cf, int argc, char **argv) {
     cf->requests = 16;
     cf->max_tokens = 64;
     cf->timeout = 600;
+    bool n_given = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--ignore-eos") == 0) {
             cf->ignore_eos = true;
+            continue;
+        }
+        if (strcmp(a, "--expect-done") == 0) {
+            cf->expect_done = true;
             continue;
         }
         if (i + 1 >= argc) usage();
@@ -1025,11 +1054,17 @@ static void args_parse(Config *cf, int argc, char **argv) {
         else if (strcmp(a, "--max-tokens") == 0) cf->max_tokens = atoi(v);
         else if (strcmp(a, "--warmup") == 0) cf->warmup = atoi(v);
         else if (strcmp(a, "--timeout") == 0) cf->timeout = atof(v);
+        else if (strcmp(a, "--duration") == 0) {
+            cf->duration = atof(v);
+            if (!n_given) cf->requests = 1 << 20;
+        }
         else usage();
+        if (strcmp(a, "--requests") == 0) n_given = true;
     }
     if ((cf->omni == NULL) == (cf->http == NULL) || cf->prompts_file == NULL
         || cf->concurrency < 1 || cf->concurrency > 4096 || cf->requests < 1
-        || cf->max_tokens < 1 || cf->warmup < 0 || cf->timeout <= 0)
+        || cf->max_tokens < 1 || cf->warmup < 0 || cf->timeout <= 0
+        || cf->duration < 0)
     {
         usage();
     }
@@ -1054,10 +1089,11 @@ int main(int argc, char **argv) {
     lp.ep = epoll_create1(EPOLL_CLOEXEC);
     if (lp.ep < 0) die("epoll_create1: %s", strerror(errno));
 
-    loop_run(&lp, -1, cf.warmup, 1);
+    loop_run(&lp, -1, cf.warmup, 1, 0);
     st.recording = true;
     t0 = now_s();
-    loop_run(&lp, 0, cf.requests, cf.concurrency);
+    cf.requests = loop_run(&lp, 0, cf.requests, cf.concurrency,
+                           cf.duration > 0 ? t0 + cf.duration : 0);
     wall = now_s() - t0;
     report(&cf, &st, wall);
 

@@ -125,6 +125,7 @@ typedef struct {
     int          ep;            // epoll, owned
     int          lfd;           // listener, -1 once closed
     int          sfd;           // signalfd, owned
+    int          lock_fd;       // cfg->lock_file, locked; -1: none
     Source       s_listen, s_signal, s_stage, s_stage_err;
     bool         listen_paused;
     double       listen_resume;
@@ -156,22 +157,6 @@ typedef struct {
     double       drain_until;
     double       stop_kill_at;
 } Frontend;
-
-static double now_s(void) {
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double) ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void wr64(uint8_t *p, uint64_t v) {
-    omni_wr32(p, (uint32_t) v);
-    omni_wr32(p + 4, (uint32_t) (v >> 32));
-}
-
-static uint64_t rd64(const uint8_t *p) {
-    return (uint64_t) omni_rd32(p) | ((uint64_t) omni_rd32(p + 4) << 32);
-}
 
 /* Sets fd's epoll interest to events, adding fd when it is not in the set
  * yet; *cur is the mask registered now. EPOLLHUP and EPOLLERR are always
@@ -227,7 +212,7 @@ static void stage_send(Frontend *fe, uint8_t type, uint64_t id,
     uint8_t idb[8];
 
     if (fe->sp.fd < 0) return;
-    wr64(idb, id);
+    omni_wr64(idb, id);
     if (frame_put2(&fe->swr, type, idb, 8, body, len) != 0) {
         log_msg(LOG_ERROR, "out of memory queueing a frame for the thinker");
         return;
@@ -289,8 +274,9 @@ static void conn_flush(Frontend *fe, Conn *c) {
 
 /* The exchange is over: leave the id table, flush, close. */
 static void conn_end(Frontend *fe, Conn *c) {
-    if (c->t_arrive > 0) hist_observe(&fe->metrics.e2e, now_s() - c->t_arrive,
-                                      1);
+    if (c->t_arrive > 0) {
+        hist_observe(&fe->metrics.e2e, clock_now_s() - c->t_arrive, 1);
+    }
     if (c->state == CONN_ACTIVE) {
         id_del(fe, c);
         fe->n_active--;
@@ -460,7 +446,7 @@ static void request_start(Frontend *fe, Conn *c) {
     ReqError    e;
     char        why[1024];
 
-    c->t_arrive = now_s();
+    c->t_arrive = clock_now_s();
     if (fe->phase != PHASE_RUN) {
         conn_error(fe, c, 503, NULL, "engine_shutdown",
                    "the engine is shutting down");
@@ -488,7 +474,7 @@ static void request_start(Frontend *fe, Conn *c) {
     c->hnext = *id_slot(fe, c->id);
     *id_slot(fe, c->id) = c;
     fe->n_active++;
-    c->t_submit = now_s();
+    c->t_submit = clock_now_s();
     stage_send(fe, OMNI_F_STAGE_SUBMIT, c->id, json, len);
 }
 
@@ -577,7 +563,7 @@ static void count_end(Frontend *fe, Conn *c, const OmniFrameHdr *h,
 {
     OmniDone  d;
     OmniError e;
-    double    t = now_s();
+    double    t = clock_now_s();
 
     if (h->type == OMNI_F_ERROR) {
         omni_error_decode(&e, body, h->len);
@@ -625,7 +611,7 @@ static void on_event(Frontend *fe, const uint8_t *p, size_t len) {
         stage_kill(fe, "sent a truncated EVENT");
         return;
     }
-    id = rd64(p);
+    id = omni_rd64(p);
     omni_hdr_decode(&h, p + 8);
     if (!event_valid(&h, p + 16, len - 16)) {
         stage_kill(fe, "sent an invalid event");
@@ -634,7 +620,7 @@ static void on_event(Frontend *fe, const uint8_t *p, size_t len) {
     c = id_find(fe, id);
     if (c == NULL) return;              // cancelled; the CANCEL crossed it
     if (h.type == OMNI_F_TEXT && c->t_first == 0) {
-        c->t_first = now_s();
+        c->t_first = clock_now_s();
         hist_observe(&fe->metrics.ttft, c->t_first - c->t_arrive, 1);
     }
     if (frame_put(&c->wr, h.type, p + 16, h.len) != 0) {
@@ -678,16 +664,18 @@ static void on_ready(Frontend *fe, const uint8_t *p, size_t len) {
     yajl_tree_free(v);
     fe->st = STAGE_READY;
     fe->was_ready = true;
-    fe->ready_at = now_s();
+    fe->ready_at = clock_now_s();
     fe->sp.fails = 0;
     log_msg(LOG_INFO, "thinker stage (pid %d) ready: model %s, context %"
             PRId64, (int) fe->sp.pid, fe->model_id, fe->max_model_len);
 }
 
 static void on_started(Frontend *fe, const uint8_t *p, size_t len) {
-    Conn *c = len == 8 ? id_find(fe, rd64(p)) : NULL;
+    Conn *c = len == 8 ? id_find(fe, omni_rd64(p)) : NULL;
 
-    if (c != NULL) hist_observe(&fe->metrics.queue, now_s() - c->t_submit, 1);
+    if (c != NULL) {
+        hist_observe(&fe->metrics.queue, clock_now_s() - c->t_submit, 1);
+    }
 }
 
 static void stage_frame(Frontend *fe) {
@@ -712,7 +700,7 @@ static void stage_channel_closed(Frontend *fe) {
     fe->sevents = 0;
     if (fe->sp.pid > 0) {
         fe->st = STAGE_GONE;
-        fe->gone_kill_at = now_s() + GONE_KILL_S;
+        fe->gone_kill_at = clock_now_s() + GONE_KILL_S;
     }
 }
 
@@ -768,7 +756,7 @@ static void stage_start(Frontend *fe) {
                  "could not start");
         log_msg(LOG_ERROR, "starting the thinker stage: %s; retrying in %d "
                 "ms", err.msg, delay);
-        fe->restart_at = now_s() + delay / 1e3;
+        fe->restart_at = clock_now_s() + delay / 1e3;
         return;
     }
     fe->st = STAGE_LOADING;
@@ -790,7 +778,7 @@ static void stage_start(Frontend *fe) {
 static void stage_died(Frontend *fe) {
     char    msg[160];
     int64_t failed = 0;
-    double  t = now_s();
+    double  t = clock_now_s();
     int     delay;
 
     stage_read(fe);
@@ -908,7 +896,7 @@ static void listen_pause(Frontend *fe, bool pause) {
     if (fe->lfd < 0) return;
     epoll_ctl(fe->ep, EPOLL_CTL_MOD, fe->lfd, &ev);
     fe->listen_paused = pause;
-    fe->listen_resume = now_s() + LISTEN_PAUSE_S;
+    fe->listen_resume = clock_now_s() + LISTEN_PAUSE_S;
 }
 
 static void on_listen(Frontend *fe) {
@@ -947,7 +935,7 @@ static void finish_begin(Frontend *fe) {
         }
     }
     fe->phase = PHASE_FINISH;
-    fe->stop_kill_at = now_s() + STOP_KILL_S;
+    fe->stop_kill_at = clock_now_s() + STOP_KILL_S;
     stage_channel_closed(fe);           // the stage exits on EOF
     fe->gone_kill_at = INFINITY;        // stop_kill_at governs now
 }
@@ -963,7 +951,7 @@ static void stop_begin(Frontend *fe, int sig) {
             strsignal(sig), fe->n_active, fe->cfg->drain_s);
     listen_close(fe);
     fe->phase = PHASE_DRAIN;
-    fe->drain_until = now_s() + fe->cfg->drain_s;
+    fe->drain_until = clock_now_s() + fe->cfg->drain_s;
 }
 
 static void on_signal(Frontend *fe) {
@@ -1004,7 +992,7 @@ static int signals_open(Frontend *fe, Err *err) {
 
 /* Milliseconds until the nearest deadline, -1 when there is none. */
 static int next_timeout(const Frontend *fe) {
-    double next = INFINITY, t = now_s();
+    double next = INFINITY, t = clock_now_s();
 
     if (fe->phase == PHASE_RUN && fe->st == STAGE_DOWN) next = fe->restart_at;
     if (fe->st == STAGE_GONE) next = fmin(next, fe->gone_kill_at);
@@ -1016,7 +1004,7 @@ static int next_timeout(const Frontend *fe) {
 }
 
 static void run_timers(Frontend *fe) {
-    double t = now_s();
+    double t = clock_now_s();
 
     if (fe->phase == PHASE_RUN && fe->st == STAGE_DOWN && t >= fe->restart_at)
     {
@@ -1044,7 +1032,7 @@ static void run_timers(Frontend *fe) {
  * its error does not hold up the exit). */
 static bool finished(const Frontend *fe) {
     return fe->phase == PHASE_FINISH && fe->sp.pid == 0
-           && (fe->n_conns == 0 || now_s() >= fe->stop_kill_at);
+           && (fe->n_conns == 0 || clock_now_s() >= fe->stop_kill_at);
 }
 
 static void dispatch(Frontend *fe, struct epoll_event *ev) {
@@ -1097,6 +1085,47 @@ static void loop(Frontend *fe) {
 }
 
 
+/* ---- The lock file ------------------------------------------------------ */
+
+/* One engine per lock file: an fcntl write lock on cfg->lock_file, taken
+ * before the socket is touched and held until the process ends, when the
+ * kernel drops it however we die. This is how nginx's omni_engine
+ * directive supervises us: F_GETLK tells it in one call whether an engine
+ * lives and its pid, where a pid file could name a dead or reused pid.
+ * The descriptor is CLOEXEC so the stage never inherits it, and nothing
+ * else in this process may open the file: closing any descriptor of it
+ * would drop the lock (POSIX record-lock semantics). The pid written into
+ * the file is for people; programs ask F_GETLK. */
+static int lock_take(Frontend *fe, Err *err) {
+    const char  *path = fe->cfg->lock_file;
+    struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
+    int          fd, e;
+
+    if (path == NULL) return 0;
+    fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) return err_set(err, "%s: %s", path, strerror(errno));
+    if (fcntl(fd, F_SETLK, &fl) != 0) {
+        e = errno;
+        fl = (struct flock) { .l_type = F_WRLCK, .l_whence = SEEK_SET };
+        if ((e == EAGAIN || e == EACCES) && fcntl(fd, F_GETLK, &fl) == 0
+            && fl.l_type != F_UNLCK)
+        {
+            err_set(err, "another engine (pid %d) holds %s", (int) fl.l_pid,
+                    path);
+        } else if (e == EAGAIN || e == EACCES) {
+            err_set(err, "another engine held %s a moment ago", path);
+        } else {
+            err_set(err, "%s: locking: %s", path, strerror(e));
+        }
+        close(fd);
+        return -1;
+    }
+    if (ftruncate(fd, 0) == 0) dprintf(fd, "%d\n", (int) getpid());
+    fe->lock_fd = fd;
+    return 0;
+}
+
+
 /* ---- Setup and teardown ------------------------------------------------- */
 
 /* The name requests must use: the configured one (main.c fills it in from
@@ -1104,7 +1133,7 @@ static void loop(Frontend *fe) {
 static void frontend_init(Frontend *fe, const ServeConfig *cfg) {
     memset(fe, 0, sizeof(*fe));
     fe->cfg = cfg;
-    fe->ep = fe->lfd = fe->sfd = -1;
+    fe->ep = fe->lfd = fe->sfd = fe->lock_fd = -1;
     fe->s_listen.kind = SRC_LISTEN;
     fe->s_signal.kind = SRC_SIGNAL;
     fe->s_stage.kind = SRC_STAGE;
@@ -1136,6 +1165,7 @@ static void frontend_free(Frontend *fe) {
     frame_writer_free(&fe->swr);
     if (fe->sfd >= 0) close(fe->sfd);
     if (fe->ep >= 0) close(fe->ep);
+    if (fe->lock_fd >= 0) close(fe->lock_fd);   // last: the socket is gone
 }
 
 int frontend_run(const ServeConfig *cfg, int argc, char **argv, Err *err) {
@@ -1151,7 +1181,9 @@ int frontend_run(const ServeConfig *cfg, int argc, char **argv, Err *err) {
     fe->ep = epoll_create1(EPOLL_CLOEXEC);
     if (fe->ep < 0) {
         err_set(err, "epoll_create1: %s", strerror(errno));
-    } else if (signals_open(fe, err) == 0 && listen_open(fe, err) == 0) {
+    } else if (signals_open(fe, err) == 0 && lock_take(fe, err) == 0
+               && listen_open(fe, err) == 0)
+    {
         log_msg(LOG_INFO, "serving %s on %s", fe->model_id, cfg->socket_path);
         stage_start(fe);
         loop(fe);

@@ -363,11 +363,13 @@ static int queued_params(Scheduler *s, Queued *w, uint64_t id,
 
 /* Refuses prompts that cannot run: empty, or with no room left to
  * generate in the context. Returns 0, or -1 after the ERROR event. */
-static int check_prompt(Scheduler *s, uint64_t id, int64_t n) {
+static int check_prompt(Scheduler *s, uint64_t id, int64_t n,
+                        const char *param)
+{
     char msg[160];
 
     if (n <= 0) {
-        emit_error(s, id, 400, "invalid_request_error", "messages", NULL,
+        emit_error(s, id, 400, "invalid_request_error", param, NULL,
                    "the prompt is empty");
         return -1;
     }
@@ -375,7 +377,7 @@ static int check_prompt(Scheduler *s, uint64_t id, int64_t n) {
         snprintf(msg, sizeof(msg), "this model's maximum context length is "
                  "%" PRId64 " tokens, but the prompt has %" PRId64 " tokens",
                  s->cfg.max_ctx, n);
-        emit_error(s, id, 400, "invalid_request_error", "messages",
+        emit_error(s, id, 400, "invalid_request_error", param,
                    "context_length_exceeded", msg);
         return -1;
     }
@@ -388,7 +390,11 @@ int sched_submit(Scheduler *s, uint64_t id, const int32_t *prompt, int64_t n,
     Queued *w;
     char    msg[96];
 
-    if (check_prompt(s, id, n) != 0) return -1;
+    if (check_prompt(s, id, n, p->prompt_param != NULL ? p->prompt_param
+                                                       : "messages") != 0)
+    {
+        return -1;
+    }
     if (s->q_free < 0) {
         snprintf(msg, sizeof(msg), "the server is overloaded: %d requests "
                  "are waiting", s->n_waiting);

@@ -75,6 +75,9 @@ typedef struct {
     bool           ignore_eos;
     const void    *cache_salt;      // borrowed for the call only
     size_t         cache_salt_len;
+    const char    *prompt_param;    // the request field the prompt came
+                                    //   from, for errors: "messages"
+                                    //   (NULL) or "prompt"
 } SeqParams;
 
 /* Where events go. Called from sched_submit, sched_step and
@@ -104,7 +107,7 @@ void       sched_free(Scheduler *s);
 /* Queues request id with n prompt tokens (copied). Returns 0 when queued;
  * -1 when refused, after emitting its ERROR event: an empty prompt or one
  * that leaves no room in the context (400 context_length_exceeded, param
- * "messages"), invalid sampling or stop parameters (400, param named), a
+ * p->prompt_param), invalid sampling or stop parameters (400, param named), a
  * full queue (503 "overloaded"). */
 int        sched_submit(Scheduler *s, uint64_t id, const int32_t *prompt,
                         int64_t n, const SeqParams *p);

@@ -37,11 +37,16 @@ typedef struct {
     bool        prefix_cache;       // default on
     int         drain_s;            // on SIGTERM, wait this long for
                                     //   requests in flight (default 30)
+    const char *lock_file;          // NULL: none; else the frontend holds
+                                    //   an fcntl write lock on it while it
+                                    //   lives (one engine per lock file)
 } ServeConfig;
 
 /* The frontend. argv (argc entries) are the serve options exactly as given,
  * passed on to the stage it starts. Returns 0 after a clean SIGTERM/SIGINT
- * shutdown, or -1 with err set when it cannot start (socket in use, ...). */
+ * shutdown, or -1 with err set when it cannot start (socket in use,
+ * cfg->lock_file held by another engine: "another engine (pid N) holds
+ * PATH", ...). */
 int frontend_run(const ServeConfig *cfg, int argc, char **argv, Err *err);
 
 /* The thinker stage: loads the model, says READY on ipc_fd, serves SUBMIT

@@ -206,6 +206,7 @@ static void submit(Thinker *t, uint64_t id, const OmniRequest *r) {
     p.ignore_eos = r->ignore_eos;
     p.cache_salt = r->cache_salt;
     p.cache_salt_len = r->cache_salt_len;
+    p.prompt_param = r->chat ? "messages" : "prompt";
     sched_submit(t->sched, id, big != NULL ? big : t->toks, n, &p);
     free(big);
 }

@@ -1,0 +1,1067 @@
+
+/*
+ * Copyright (C) ngx_omni authors
+ */
+
+
+/*
+ * ngx_http_omni_module.c -- directives, configuration and the content
+ * handler.
+ *
+ * One location with omni_pass serves the whole API under it: the handler
+ * routes on the URI (everything after the first "/v1/") and the method,
+ * checks the API key, reads the body of POST requests and has
+ * ngx_http_omni_openai.c turn it into the engine's request, then hands the
+ * request to nginx's upstream machinery (ngx_http_omni_upstream.c).
+ * Client mistakes found here are answered at once with OpenAI's error
+ * object; they never reach the engine.
+ */
+
+
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_http.h>
+
+#include "ngx_http_omni_module.h"
+
+
+#define NGX_HTTP_OMNI_KEYS_MAX_SIZE  (1024 * 1024)
+
+
+static ngx_int_t ngx_http_omni_handler(ngx_http_request_t *r);
+static ngx_http_omni_ctx_t *ngx_http_omni_create_ctx(ngx_http_request_t *r,
+    ngx_http_omni_loc_conf_t *olcf);
+static ngx_int_t ngx_http_omni_check(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_http_omni_loc_conf_t *olcf,
+    ngx_http_omni_error_t *err);
+static ngx_int_t ngx_http_omni_auth(ngx_http_request_t *r,
+    ngx_http_omni_loc_conf_t *olcf, ngx_http_omni_error_t *err);
+static ngx_uint_t ngx_http_omni_key_equal(ngx_str_t *token, ngx_str_t *key);
+static void ngx_http_omni_body_handler(ngx_http_request_t *r);
+static ngx_int_t ngx_http_omni_read_body(ngx_http_request_t *r,
+    ngx_str_t *body);
+
+static ngx_int_t ngx_http_omni_init(ngx_conf_t *cf);
+static void *ngx_http_omni_create_main_conf(ngx_conf_t *cf);
+static void *ngx_http_omni_create_loc_conf(ngx_conf_t *cf);
+static char *ngx_http_omni_merge_loc_conf(ngx_conf_t *cf, void *parent,
+    void *child);
+
+static char *ngx_http_omni_pass(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static char *ngx_http_omni_endpoint_slot(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static char *ngx_http_omni_api_keys(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static char *ngx_http_omni_read_keys(ngx_conf_t *cf,
+    ngx_http_omni_loc_conf_t *olcf);
+
+
+static ngx_command_t  ngx_http_omni_commands[] = {
+
+    { ngx_string("omni_pass"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_omni_pass,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("omni_connect_timeout"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_omni_loc_conf_t, upstream.connect_timeout),
+      NULL },
+
+    { ngx_string("omni_send_timeout"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_omni_loc_conf_t, upstream.send_timeout),
+      NULL },
+
+    { ngx_string("omni_read_timeout"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_omni_loc_conf_t, upstream.read_timeout),
+      NULL },
+
+    { ngx_string("omni_keepalive_interval"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_omni_loc_conf_t, keepalive_interval),
+      NULL },
+
+    { ngx_string("omni_api_keys"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_omni_api_keys,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("omni_health"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
+      ngx_http_omni_endpoint_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      NGX_HTTP_OMNI_HEALTH,
+      NULL },
+
+    { ngx_string("omni_metrics"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
+      ngx_http_omni_endpoint_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      NGX_HTTP_OMNI_METRICS,
+      NULL },
+
+      ngx_null_command
+};
+
+
+static ngx_http_module_t  ngx_http_omni_module_ctx = {
+    NULL,                                  /* preconfiguration */
+    ngx_http_omni_init,                    /* postconfiguration */
+
+    ngx_http_omni_create_main_conf,        /* create main configuration */
+    NULL,                                  /* init main configuration */
+
+    NULL,                                  /* create server configuration */
+    NULL,                                  /* merge server configuration */
+
+    ngx_http_omni_create_loc_conf,         /* create location configuration */
+    ngx_http_omni_merge_loc_conf           /* merge location configuration */
+};
+
+
+ngx_module_t  ngx_http_omni_module = {
+    NGX_MODULE_V1,
+    &ngx_http_omni_module_ctx,             /* module context */
+    ngx_http_omni_commands,                /* module directives */
+    NGX_HTTP_MODULE,                       /* module type */
+    NULL,                                  /* init master */
+    NULL,                                  /* init module */
+    NULL,                                  /* init process */
+    NULL,                                  /* init thread */
+    NULL,                                  /* exit thread */
+    NULL,                                  /* exit process */
+    NULL,                                  /* exit master */
+    NGX_MODULE_V1_PADDING
+};
+
+
+static ngx_str_t  ngx_http_omni_request_id = ngx_string("request_id");
+
+
+static ngx_int_t
+ngx_http_omni_handler(ngx_http_request_t *r)
+{
+    ngx_int_t                  rc;
+    ngx_http_omni_ctx_t       *ctx;
+    ngx_http_omni_error_t      err;
+    ngx_http_omni_loc_conf_t  *olcf;
+
+    olcf = ngx_http_get_module_loc_conf(r, ngx_http_omni_module);
+
+    ctx = ngx_http_omni_create_ctx(r, olcf);
+    if (ctx == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    ngx_memzero(&err, sizeof(ngx_http_omni_error_t));
+
+    rc = ngx_http_omni_check(r, ctx, olcf, &err);
+
+    if (rc == NGX_ERROR) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    if (rc == NGX_DECLINED) {
+        rc = ngx_http_discard_request_body(r);
+
+        if (rc != NGX_OK) {
+            return rc;
+        }
+
+        return ngx_http_omni_send_error(r, &err);
+    }
+
+    if (ctx->endpoint == NGX_HTTP_OMNI_CHAT
+        || ctx->endpoint == NGX_HTTP_OMNI_COMPLETIONS)
+    {
+        r->request_body_in_single_buf = 1;
+
+        rc = ngx_http_read_client_request_body(r,
+                                               ngx_http_omni_body_handler);
+
+        if (rc >= NGX_HTTP_SPECIAL_RESPONSE) {
+            return rc;
+        }
+
+        return NGX_DONE;
+    }
+
+    rc = ngx_http_discard_request_body(r);
+
+    if (rc != NGX_OK) {
+        return rc;
+    }
+
+    if (ngx_http_omni_upstream_create(r, olcf) != NGX_OK) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    r->main->count++;
+
+    ngx_http_upstream_init(r);
+
+    return NGX_DONE;
+}
+
+
+static ngx_http_omni_ctx_t *
+ngx_http_omni_create_ctx(ngx_http_request_t *r,
+    ngx_http_omni_loc_conf_t *olcf)
+{
+    u_char                     *p;
+    ngx_http_omni_ctx_t        *ctx;
+    ngx_http_variable_value_t  *vv;
+    ngx_http_omni_main_conf_t  *omcf;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_omni_module);
+
+    if (ctx == NULL) {
+        ctx = ngx_pcalloc(r->pool, sizeof(ngx_http_omni_ctx_t));
+        if (ctx == NULL) {
+            return NULL;
+        }
+
+        ngx_http_set_ctx(r, ctx, ngx_http_omni_module);
+    }
+
+    /*
+     * set by ngx_pcalloc():
+     *
+     *     ctx->req = { 0 };
+     *     ctx->hdr_got = 0;
+     *     ctx->payload = NULL;
+     *     ctx->text = NULL;
+     *     ctx->out = NULL;
+     *     ctx->err.status = 0;
+     *     ctx->page = NULL;
+     */
+
+    ctx->endpoint = ngx_http_omni_endpoint(r, olcf, &ctx->model_id);
+    ctx->created = ngx_time();
+
+    omcf = ngx_http_get_module_main_conf(r, ngx_http_omni_module);
+
+    vv = ngx_http_get_indexed_variable(r, omcf->request_id);
+    if (vv == NULL || vv->not_found) {
+        return NULL;
+    }
+
+    ctx->request_id.len = vv->len;
+    ctx->request_id.data = vv->data;
+
+    /* "chatcmpl-" or "cmpl-", then the request id */
+
+    p = ngx_pnalloc(r->pool, sizeof("chatcmpl-") - 1 + vv->len);
+    if (p == NULL) {
+        return NULL;
+    }
+
+    ctx->id.data = p;
+
+    if (ctx->endpoint == NGX_HTTP_OMNI_CHAT) {
+        p = ngx_cpymem(p, "chatcmpl-", sizeof("chatcmpl-") - 1);
+
+    } else {
+        p = ngx_cpymem(p, "cmpl-", sizeof("cmpl-") - 1);
+    }
+
+    p = ngx_cpymem(p, vv->data, vv->len);
+
+    ctx->id.len = p - ctx->id.data;
+
+    return ctx;
+}
+
+
+/*
+ * The endpoint of a request: the location's own (omni_health,
+ * omni_metrics), else what follows the first "/v1/" in the URI.
+ * NGX_HTTP_OMNI_ENDPOINTS when the URI names none. Can't fail.
+ */
+
+ngx_http_omni_endpoint_e
+ngx_http_omni_endpoint(ngx_http_request_t *r, ngx_http_omni_loc_conf_t *olcf,
+    ngx_str_t *model_id)
+{
+    u_char     *p, *last;
+    ngx_str_t   path;
+
+    if (olcf->handler != NGX_HTTP_OMNI_ENDPOINTS) {
+        return olcf->handler;
+    }
+
+    p = ngx_strnstr(r->uri.data, "/v1/", r->uri.len);
+    if (p == NULL) {
+        return NGX_HTTP_OMNI_ENDPOINTS;
+    }
+
+    last = r->uri.data + r->uri.len;
+
+    path.data = p + sizeof("/v1/") - 1;
+    path.len = last - path.data;
+
+    if (path.len == sizeof("chat/completions") - 1
+        && ngx_strncmp(path.data, "chat/completions", path.len) == 0)
+    {
+        return NGX_HTTP_OMNI_CHAT;
+    }
+
+    if (path.len == sizeof("completions") - 1
+        && ngx_strncmp(path.data, "completions", path.len) == 0)
+    {
+        return NGX_HTTP_OMNI_COMPLETIONS;
+    }
+
+    if (path.len == sizeof("models") - 1
+        && ngx_strncmp(path.data, "models", path.len) == 0)
+    {
+        return NGX_HTTP_OMNI_MODELS;
+    }
+
+    if (path.len > sizeof("models/") - 1
+        && ngx_strncmp(path.data, "models/", sizeof("models/") - 1) == 0)
+    {
+        /* r->uri is decoded already: "a%2Fb" is "a/b" here */
+
+        if (model_id) {
+            model_id->data = path.data + sizeof("models/") - 1;
+            model_id->len = last - model_id->data;
+        }
+
+        return NGX_HTTP_OMNI_MODEL;
+    }
+
+    if (path.len == sizeof("audio/speech") - 1
+        && ngx_strncmp(path.data, "audio/speech", path.len) == 0)
+    {
+        return NGX_HTTP_OMNI_SPEECH;
+    }
+
+    return NGX_HTTP_OMNI_ENDPOINTS;
+}
+
+
+/*
+ * Route, method and API key. NGX_OK: go on; NGX_DECLINED: answer with
+ * err (the headers it needs are set); NGX_ERROR.
+ */
+
+static ngx_int_t
+ngx_http_omni_check(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
+    ngx_http_omni_loc_conf_t *olcf, ngx_http_omni_error_t *err)
+{
+    ngx_str_t   allow, *msg;
+    ngx_uint_t  methods;
+
+    static ngx_str_t  allow_key = ngx_string("Allow");
+
+    if (ctx->endpoint == NGX_HTTP_OMNI_ENDPOINTS) {
+        msg = &err->message;
+
+        msg->data = ngx_pnalloc(r->pool, sizeof("Invalid URL ( )") - 1
+                                         + r->method_name.len + r->uri.len);
+        if (msg->data == NULL) {
+            return NGX_ERROR;
+        }
+
+        msg->len = ngx_sprintf(msg->data, "Invalid URL (%V %V)",
+                               &r->method_name, &r->uri)
+                   - msg->data;
+
+        err->status = NGX_HTTP_NOT_FOUND;
+        ngx_str_set(&err->type, "invalid_request_error");
+
+        return NGX_DECLINED;
+    }
+
+    switch (ctx->endpoint) {
+
+    case NGX_HTTP_OMNI_CHAT:
+    case NGX_HTTP_OMNI_COMPLETIONS:
+    case NGX_HTTP_OMNI_SPEECH:
+        methods = NGX_HTTP_POST;
+        ngx_str_set(&allow, "POST");
+        break;
+
+    default: /* models, model, health, metrics */
+        methods = NGX_HTTP_GET|NGX_HTTP_HEAD;
+        ngx_str_set(&allow, "GET, HEAD");
+        break;
+    }
+
+    if (!(r->method & methods)) {
+        msg = &err->message;
+
+        msg->data = ngx_pnalloc(r->pool,
+                                sizeof("Invalid method for URL ( )") - 1
+                                + r->method_name.len + r->uri.len);
+        if (msg->data == NULL) {
+            return NGX_ERROR;
+        }
+
+        msg->len = ngx_sprintf(msg->data, "Invalid method for URL (%V %V)",
+                               &r->method_name, &r->uri)
+                   - msg->data;
+
+        err->status = NGX_HTTP_NOT_ALLOWED;
+        ngx_str_set(&err->type, "invalid_request_error");
+
+        if (ngx_http_omni_add_header(r, &allow_key, &allow) != NGX_OK) {
+            return NGX_ERROR;
+        }
+
+        return NGX_DECLINED;
+    }
+
+    if (ctx->endpoint == NGX_HTTP_OMNI_HEALTH
+        || ctx->endpoint == NGX_HTTP_OMNI_METRICS)
+    {
+        return NGX_OK;
+    }
+
+    if (ngx_http_omni_auth(r, olcf, err) != NGX_OK) {
+        ngx_http_omni_count(r, NGX_HTTP_OMNI_M_AUTH_FAILED);
+        return NGX_DECLINED;
+    }
+
+    if (ctx->endpoint == NGX_HTTP_OMNI_SPEECH) {
+        err->status = NGX_HTTP_NOT_IMPLEMENTED;
+        ngx_str_set(&err->type, "invalid_request_error");
+        ngx_str_set(&err->message,
+                    "POST /v1/audio/speech is not implemented yet");
+        return NGX_DECLINED;
+    }
+
+    return NGX_OK;
+}
+
+
+/*
+ * "Authorization: Bearer KEY" against omni_api_keys: every key is
+ * compared, each in time that does not depend on where the bytes differ.
+ * The key itself is never logged.
+ */
+
+static ngx_int_t
+ngx_http_omni_auth(ngx_http_request_t *r, ngx_http_omni_loc_conf_t *olcf,
+    ngx_http_omni_error_t *err)
+{
+    u_char           *p, *last;
+    ngx_str_t         token, *key;
+    ngx_uint_t        i, found;
+    ngx_table_elt_t  *h;
+
+    static ngx_str_t  www_key = ngx_string("WWW-Authenticate");
+    static ngx_str_t  www_value = ngx_string("Bearer");
+
+    if (olcf->api_keys == NULL) {
+        return NGX_OK;
+    }
+
+    err->status = NGX_HTTP_UNAUTHORIZED;
+    ngx_str_set(&err->type, "invalid_request_error");
+
+    if (ngx_http_omni_add_header(r, &www_key, &www_value) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    h = r->headers_in.authorization;
+
+    token.len = 0;
+
+    if (h != NULL
+        && h->value.len > sizeof("Bearer ") - 1
+        && ngx_strncasecmp(h->value.data, (u_char *) "Bearer ",
+                           sizeof("Bearer ") - 1) == 0)
+    {
+        p = h->value.data + sizeof("Bearer ") - 1;
+        last = h->value.data + h->value.len;
+
+        while (p < last && *p == ' ') {
+            p++;
+        }
+
+        while (last > p && last[-1] == ' ') {
+            last--;
+        }
+
+        token.data = p;
+        token.len = last - p;
+    }
+
+    if (token.len == 0) {
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "omni: no API key in the request");
+
+        ngx_str_set(&err->message,
+                    "You didn't provide an API key. You need to provide "
+                    "your API key in an Authorization header using Bearer "
+                    "auth (i.e. Authorization: Bearer YOUR_KEY).");
+        return NGX_DECLINED;
+    }
+
+    found = 0;
+    key = olcf->api_keys->elts;
+
+    for (i = 0; i < olcf->api_keys->nelts; i++) {
+        found |= ngx_http_omni_key_equal(&token, &key[i]);
+    }
+
+    if (!found) {
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "omni: invalid API key");
+
+        ngx_str_set(&err->message, "Incorrect API key provided.");
+        ngx_str_set(&err->code, "invalid_api_key");
+        return NGX_DECLINED;
+    }
+
+    err->status = 0;
+
+    return NGX_OK;
+}
+
+
+static ngx_uint_t
+ngx_http_omni_key_equal(ngx_str_t *token, ngx_str_t *key)
+{
+    u_char      d;
+    ngx_uint_t  i;
+
+    /* the time depends on the length of the key only */
+
+    d = (u_char) (token->len != key->len);
+
+    for (i = 0; i < key->len; i++) {
+        d |= key->data[i] ^ token->data[i < token->len ? i : 0];
+    }
+
+    return d == 0;
+}
+
+
+static void
+ngx_http_omni_body_handler(ngx_http_request_t *r)
+{
+    ngx_int_t                  rc;
+    ngx_str_t                  body;
+    ngx_http_omni_ctx_t       *ctx;
+    ngx_http_omni_error_t      err;
+    ngx_http_omni_loc_conf_t  *olcf;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_omni_module);
+    olcf = ngx_http_get_module_loc_conf(r, ngx_http_omni_module);
+
+    if (ngx_http_omni_read_body(r, &body) != NGX_OK) {
+        ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+        return;
+    }
+
+    ngx_memzero(&err, sizeof(ngx_http_omni_error_t));
+
+    rc = ngx_http_omni_parse(r, ctx->endpoint, &body, &ctx->req, &err);
+
+    if (rc == NGX_ERROR) {
+        ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+        return;
+    }
+
+    if (rc == NGX_OK && ctx->req.engine.len > OMNI_MAX_REQUEST) {
+        err.status = NGX_HTTP_REQUEST_ENTITY_TOO_LARGE;
+        ngx_str_set(&err.type, "invalid_request_error");
+        ngx_str_set(&err.message, "The request is too large.");
+        rc = NGX_DECLINED;
+    }
+
+    if (rc == NGX_DECLINED) {
+        /* ngx_http_omni_parse() logged it */
+        ngx_http_finalize_request(r, ngx_http_omni_send_error(r, &err));
+        return;
+    }
+
+    ngx_log_debug3(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "omni request: model \"%V\" stream:%ui engine %uz bytes",
+                   &ctx->req.model, (ngx_uint_t) ctx->req.stream,
+                   ctx->req.engine.len);
+
+    if (ngx_http_omni_upstream_create(r, olcf) != NGX_OK) {
+        ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+        return;
+    }
+
+    /* the reference ngx_http_read_client_request_body() took is the
+     * upstream's now */
+
+    ngx_http_upstream_init(r);
+}
+
+
+/*
+ * The request body as one string: the buffer itself when nginx kept it
+ * in one, else a copy (parts of it may be in a temporary file).
+ */
+
+static ngx_int_t
+ngx_http_omni_read_body(ngx_http_request_t *r, ngx_str_t *body)
+{
+    u_char       *p;
+    size_t        len, size;
+    ssize_t       n;
+    ngx_buf_t    *b;
+    ngx_chain_t  *cl;
+
+    ngx_str_null(body);
+
+    if (r->request_body == NULL || r->request_body->bufs == NULL) {
+        return NGX_OK;
+    }
+
+    cl = r->request_body->bufs;
+
+    if (cl->next == NULL && ngx_buf_in_memory(cl->buf)) {
+        body->data = cl->buf->pos;
+        body->len = cl->buf->last - cl->buf->pos;
+        return NGX_OK;
+    }
+
+    len = 0;
+
+    for ( /* void */ ; cl; cl = cl->next) {
+        len += ngx_buf_size(cl->buf);
+    }
+
+    p = ngx_pnalloc(r->pool, len ? len : 1);
+    if (p == NULL) {
+        return NGX_ERROR;
+    }
+
+    body->data = p;
+
+    for (cl = r->request_body->bufs; cl; cl = cl->next) {
+        b = cl->buf;
+
+        if (ngx_buf_in_memory(b)) {
+            p = ngx_cpymem(p, b->pos, b->last - b->pos);
+            continue;
+        }
+
+        size = b->file_last - b->file_pos;
+
+        n = ngx_read_file(b->file, p, size, b->file_pos);
+
+        if (n == NGX_ERROR) {
+            return NGX_ERROR;
+        }
+
+        if ((size_t) n != size) {
+            ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
+                          ngx_read_file_n " read only %z of %uz bytes "
+                          "of the request body", n, size);
+            return NGX_ERROR;
+        }
+
+        p += n;
+    }
+
+    body->len = p - body->data;
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_omni_init(ngx_conf_t *cf)
+{
+    ngx_http_omni_main_conf_t  *omcf;
+
+    omcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_omni_module);
+
+    omcf->request_id = ngx_http_get_variable_index(cf,
+                                                   &ngx_http_omni_request_id);
+    if (omcf->request_id == NGX_ERROR) {
+        return NGX_ERROR;
+    }
+
+    if (ngx_http_omni_filter_init(cf) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    return ngx_http_omni_metrics_init(cf);
+}
+
+
+static void *
+ngx_http_omni_create_main_conf(ngx_conf_t *cf)
+{
+    ngx_http_omni_main_conf_t  *omcf;
+
+    omcf = ngx_pcalloc(cf->pool, sizeof(ngx_http_omni_main_conf_t));
+    if (omcf == NULL) {
+        return NULL;
+    }
+
+    /*
+     * set by ngx_pcalloc():
+     *
+     *     omcf->shm_zone = NULL;
+     */
+
+    omcf->request_id = NGX_ERROR;
+
+    return omcf;
+}
+
+
+static void *
+ngx_http_omni_create_loc_conf(ngx_conf_t *cf)
+{
+    ngx_http_omni_loc_conf_t  *conf;
+
+    conf = ngx_pcalloc(cf->pool, sizeof(ngx_http_omni_loc_conf_t));
+    if (conf == NULL) {
+        return NULL;
+    }
+
+    /*
+     * set by ngx_pcalloc():
+     *
+     *     conf->upstream.next_upstream = 0;
+     *     conf->upstream.hide_headers_hash = { NULL, 0 };
+     *     conf->complex_pass = NULL;
+     *     conf->enabled = 0;
+     *     conf->api_keys_file = { 0, NULL };
+     */
+
+    conf->upstream.local = NGX_CONF_UNSET_PTR;
+    conf->upstream.socket_keepalive = NGX_CONF_UNSET;
+    conf->upstream.next_upstream_tries = NGX_CONF_UNSET_UINT;
+    conf->upstream.connect_timeout = NGX_CONF_UNSET_MSEC;
+    conf->upstream.send_timeout = NGX_CONF_UNSET_MSEC;
+    conf->upstream.read_timeout = NGX_CONF_UNSET_MSEC;
+    conf->upstream.next_upstream_timeout = NGX_CONF_UNSET_MSEC;
+
+    conf->upstream.buffer_size = NGX_CONF_UNSET_SIZE;
+
+    conf->keepalive_interval = NGX_CONF_UNSET_MSEC;
+    conf->api_keys = NGX_CONF_UNSET_PTR;
+
+    /* the hardcoded values */
+    conf->upstream.cyclic_temp_file = 0;
+    conf->upstream.ignore_client_abort = 0;
+    conf->upstream.send_lowat = 0;
+    conf->upstream.bufs.num = 0;
+    conf->upstream.busy_buffers_size = 0;
+    conf->upstream.max_temp_file_size = 0;
+    conf->upstream.temp_file_write_size = 0;
+    conf->upstream.intercept_errors = 0;
+    conf->upstream.pass_request_headers = 0;
+    conf->upstream.pass_request_body = 0;
+    conf->upstream.force_ranges = 0;
+    conf->upstream.pass_trailers = 0;
+    conf->upstream.preserve_output = 0;
+
+    /* tokens must reach the client as they are produced */
+    conf->upstream.buffering = 0;
+
+    ngx_str_set(&conf->upstream.module, "omni");
+
+    conf->handler = NGX_HTTP_OMNI_ENDPOINTS;
+
+    return conf;
+}
+
+
+static char *
+ngx_http_omni_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
+{
+    ngx_http_omni_loc_conf_t *prev = parent;
+    ngx_http_omni_loc_conf_t *conf = child;
+
+    ngx_conf_merge_ptr_value(conf->upstream.local,
+                              prev->upstream.local, NULL);
+
+    ngx_conf_merge_value(conf->upstream.socket_keepalive,
+                              prev->upstream.socket_keepalive, 0);
+
+    ngx_conf_merge_uint_value(conf->upstream.next_upstream_tries,
+                              prev->upstream.next_upstream_tries, 0);
+
+    ngx_conf_merge_msec_value(conf->upstream.connect_timeout,
+                              prev->upstream.connect_timeout, 60000);
+
+    ngx_conf_merge_msec_value(conf->upstream.send_timeout,
+                              prev->upstream.send_timeout, 60000);
+
+    ngx_conf_merge_msec_value(conf->upstream.read_timeout,
+                              prev->upstream.read_timeout, 60000);
+
+    ngx_conf_merge_msec_value(conf->upstream.next_upstream_timeout,
+                              prev->upstream.next_upstream_timeout, 0);
+
+    ngx_conf_merge_size_value(conf->upstream.buffer_size,
+                              prev->upstream.buffer_size,
+                              (size_t) ngx_pagesize);
+
+    /* an engine that refuses or times out: try the next one */
+    ngx_conf_merge_bitmask_value(conf->upstream.next_upstream,
+                              prev->upstream.next_upstream,
+                              (NGX_CONF_BITMASK_SET
+                               |NGX_HTTP_UPSTREAM_FT_ERROR
+                               |NGX_HTTP_UPSTREAM_FT_TIMEOUT));
+
+    ngx_conf_merge_msec_value(conf->keepalive_interval,
+                              prev->keepalive_interval, 15000);
+
+    ngx_conf_merge_ptr_value(conf->api_keys, prev->api_keys, NULL);
+
+    if (conf->api_keys_file.data == NULL) {
+        conf->api_keys_file = prev->api_keys_file;
+    }
+
+    if (conf->upstream.upstream == NULL) {
+        conf->upstream.upstream = prev->upstream.upstream;
+    }
+
+    if (conf->handler != NGX_HTTP_OMNI_ENDPOINTS
+        && conf->upstream.upstream == NULL)
+    {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"%s\" needs \"omni_pass\" in its location",
+                           conf->handler == NGX_HTTP_OMNI_HEALTH
+                           ? "omni_health" : "omni_metrics");
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+static char *
+ngx_http_omni_pass(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_omni_loc_conf_t *olcf = conf;
+
+    ngx_str_t                 *value;
+    ngx_url_t                  u;
+    ngx_http_core_loc_conf_t  *clcf;
+
+    if (olcf->upstream.upstream) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    ngx_memzero(&u, sizeof(ngx_url_t));
+
+    u.url = value[1];
+    u.no_resolve = 1;
+
+    olcf->upstream.upstream = ngx_http_upstream_add(cf, &u, 0);
+    if (olcf->upstream.upstream == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+
+    clcf->handler = ngx_http_omni_handler;
+
+    if (clcf->name.len && clcf->name.data[clcf->name.len - 1] == '/') {
+        clcf->auto_redirect = 1;
+    }
+
+    olcf->enabled = 1;
+
+    if (ngx_http_omni_metrics_add_zone(cf) != NGX_OK) {
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+/* omni_health and omni_metrics: cmd->offset is the endpoint */
+
+static char *
+ngx_http_omni_endpoint_slot(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_omni_loc_conf_t *olcf = conf;
+
+    ngx_http_core_loc_conf_t  *clcf;
+
+    if (olcf->handler != NGX_HTTP_OMNI_ENDPOINTS) {
+        return "is duplicate";
+    }
+
+    olcf->handler = (ngx_http_omni_endpoint_e) cmd->offset;
+
+    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+
+    clcf->handler = ngx_http_omni_handler;
+
+    olcf->enabled = 1;
+
+    if (ngx_http_omni_metrics_add_zone(cf) != NGX_OK) {
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+static char *
+ngx_http_omni_api_keys(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_omni_loc_conf_t *olcf = conf;
+
+    ngx_str_t  *value;
+
+    if (olcf->api_keys != NGX_CONF_UNSET_PTR) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (ngx_strcmp(value[1].data, "off") == 0) {
+        olcf->api_keys = NULL;
+        return NGX_CONF_OK;
+    }
+
+    olcf->api_keys_file = value[1];
+
+    if (ngx_conf_full_name(cf->cycle, &olcf->api_keys_file, 1) != NGX_OK) {
+        return NGX_CONF_ERROR;
+    }
+
+    return ngx_http_omni_read_keys(cf, olcf);
+}
+
+
+/* One key a line; blank lines and lines starting with "#" are skipped,
+ * spaces around a key are not part of it. */
+
+static char *
+ngx_http_omni_read_keys(ngx_conf_t *cf, ngx_http_omni_loc_conf_t *olcf)
+{
+    u_char           *buf, *p, *last, *eol, *start, *end;
+    ssize_t           n;
+    ngx_str_t        *key;
+    ngx_file_t        file;
+    ngx_file_info_t   fi;
+
+    ngx_memzero(&file, sizeof(ngx_file_t));
+
+    file.name = olcf->api_keys_file;
+    file.log = cf->log;
+
+    file.fd = ngx_open_file(file.name.data, NGX_FILE_RDONLY,
+                            NGX_FILE_OPEN, 0);
+
+    if (file.fd == NGX_INVALID_FILE) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, ngx_errno,
+                           ngx_open_file_n " \"%s\" failed", file.name.data);
+        return NGX_CONF_ERROR;
+    }
+
+    buf = NULL;
+    n = 0;
+
+    if (ngx_fd_info(file.fd, &fi) == NGX_FILE_ERROR) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, ngx_errno,
+                           ngx_fd_info_n " \"%s\" failed", file.name.data);
+        goto failed;
+    }
+
+    if (ngx_file_size(&fi) > NGX_HTTP_OMNI_KEYS_MAX_SIZE) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"%s\" is larger than %d bytes",
+                           file.name.data, NGX_HTTP_OMNI_KEYS_MAX_SIZE);
+        goto failed;
+    }
+
+    buf = ngx_pnalloc(cf->pool, (size_t) ngx_file_size(&fi) + 1);
+    if (buf == NULL) {
+        goto failed;
+    }
+
+    n = ngx_read_file(&file, buf, (size_t) ngx_file_size(&fi), 0);
+
+    if (n == NGX_ERROR) {
+        goto failed;
+    }
+
+    if (ngx_close_file(file.fd) == NGX_FILE_ERROR) {
+        ngx_conf_log_error(NGX_LOG_ALERT, cf, ngx_errno,
+                           ngx_close_file_n " \"%s\" failed", file.name.data);
+    }
+
+    olcf->api_keys = ngx_array_create(cf->pool, 4, sizeof(ngx_str_t));
+    if (olcf->api_keys == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    last = buf + n;
+
+    for (p = buf; p < last; p = eol + 1) {
+        eol = ngx_strlchr(p, last, '\n');
+        if (eol == NULL) {
+            eol = last;
+        }
+
+        start = p;
+        end = eol;
+
+        while (start < end && (*start == ' ' || *start == '\t')) {
+            start++;
+        }
+
+        while (end > start
+               && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\r'))
+        {
+            end--;
+        }
+
+        if (start == end || *start == '#') {
+            continue;
+        }
+
+        key = ngx_array_push(olcf->api_keys);
+        if (key == NULL) {
+            return NGX_CONF_ERROR;
+        }
+
+        key->data = start;
+        key->len = end - start;
+    }
+
+    if (olcf->api_keys->nelts == 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "no API keys in \"%s\"", file.name.data);
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+
+failed:
+
+    if (ngx_close_file(file.fd) == NGX_FILE_ERROR) {
+        ngx_conf_log_error(NGX_LOG_ALERT, cf, ngx_errno,
+                           ngx_close_file_n " \"%s\" failed", file.name.data);
+    }
+
+    return NGX_CONF_ERROR;
+}

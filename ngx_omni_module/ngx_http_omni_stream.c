@@ -1,0 +1,570 @@
+
+/*
+ * Copyright (C) ngx_omni authors
+ */
+
+
+/*
+ * ngx_http_omni_stream.c -- what goes out to the client.
+ *
+ * Responses the module makes itself (errors found by the handler, SSE
+ * events) go through the whole output filter chain. An event is one
+ * buffer with flush set, so the write filter sends it at once instead of
+ * waiting for postpone_output bytes; what the socket does not take stays
+ * in r->out, and the upstream module's downstream write handler sends it
+ * when the client is ready.
+ *
+ * A stream the engine is quiet on (a long prompt, a queue) gets the SSE
+ * comment ": keep-alive" every omni_keepalive_interval, so proxies and
+ * clients do not take it for dead. The timer lives in the request's ctx:
+ * it is stopped when the upstream part ends and by a pool cleanup.
+ *
+ * The header and body filters give every response of an omni location
+ * x-request-id, and replace nginx's own error pages there (a 413 for a
+ * body over client_max_body_size, the 502 of an engine that cannot be
+ * reached, ...) by OpenAI's error object, without error_page.
+ */
+
+
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_http.h>
+
+#include "ngx_http_omni_module.h"
+
+
+static void ngx_http_omni_keepalive_handler(ngx_event_t *ev);
+static void ngx_http_omni_keepalive_cleanup(void *data);
+static ngx_int_t ngx_http_omni_header_filter(ngx_http_request_t *r);
+static ngx_int_t ngx_http_omni_body_filter(ngx_http_request_t *r,
+    ngx_chain_t *in);
+static ngx_int_t ngx_http_omni_error_page(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_uint_t status);
+static void ngx_http_omni_page_error(ngx_uint_t status,
+    ngx_http_omni_error_t *err);
+
+
+static ngx_http_output_header_filter_pt  ngx_http_next_header_filter;
+static ngx_http_output_body_filter_pt    ngx_http_next_body_filter;
+
+
+static ngx_str_t  ngx_http_omni_json_type = ngx_string("application/json");
+static ngx_str_t  ngx_http_omni_retry_key = ngx_string("Retry-After");
+static ngx_str_t  ngx_http_omni_retry_value = ngx_string("1");
+
+static u_char  ngx_http_omni_keepalive_comment[] = ": keep-alive\n\n";
+
+
+ngx_int_t
+ngx_http_omni_send_header(ngx_http_request_t *r, ngx_uint_t status,
+    ngx_str_t *content_type, off_t content_length)
+{
+    r->headers_out.status = status;
+
+    ngx_http_omni_set_content_type(r, content_type);
+
+    r->headers_out.content_length_n = content_length;
+
+    if (r->headers_out.content_length) {
+        r->headers_out.content_length->hash = 0;
+        r->headers_out.content_length = NULL;
+    }
+
+    return ngx_http_send_header(r);
+}
+
+
+void
+ngx_http_omni_set_content_type(ngx_http_request_t *r, ngx_str_t *type)
+{
+    u_char  *semi;
+
+    r->headers_out.content_type = *type;
+
+    /* the length of the part before ";" */
+
+    semi = ngx_strlchr(type->data, type->data + type->len, ';');
+
+    r->headers_out.content_type_len = semi ? (size_t) (semi - type->data)
+                                           : type->len;
+    r->headers_out.content_type_lowcase = NULL;
+}
+
+
+ngx_int_t
+ngx_http_omni_send_event(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
+    ngx_buf_t *b)
+{
+    ngx_int_t                  rc;
+    ngx_chain_t                out;
+    ngx_http_omni_loc_conf_t  *olcf;
+
+    b->flush = 1;
+    b->tag = (ngx_buf_tag_t) &ngx_http_omni_module;
+
+    out.buf = b;
+    out.next = NULL;
+
+    rc = ngx_http_output_filter(r, &out);
+
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "omni event: %uz bytes, rc %i", (size_t) (b->last - b->pos),
+                   rc);
+
+    if (rc == NGX_ERROR) {
+        return NGX_ERROR;
+    }
+
+    if (ctx->keepalive.handler && !ctx->done) {
+        olcf = ngx_http_get_module_loc_conf(r, ngx_http_omni_module);
+        ngx_add_timer(&ctx->keepalive, olcf->keepalive_interval);
+    }
+
+    return rc;
+}
+
+
+ngx_int_t
+ngx_http_omni_send_response(ngx_http_request_t *r, ngx_uint_t status,
+    ngx_str_t *content_type, ngx_buf_t *b)
+{
+    ngx_int_t     rc;
+    ngx_chain_t   out;
+
+    rc = ngx_http_omni_send_header(r, status, content_type,
+                                   b->last - b->pos);
+
+    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
+        return rc;
+    }
+
+    b->last_buf = (r == r->main) ? 1 : 0;
+    b->last_in_chain = 1;
+
+    out.buf = b;
+    out.next = NULL;
+
+    return ngx_http_output_filter(r, &out);
+}
+
+
+ngx_int_t
+ngx_http_omni_send_error(ngx_http_request_t *r, ngx_http_omni_error_t *err)
+{
+    ngx_buf_t  *b;
+
+    b = ngx_http_omni_error_json(r, err);
+    if (b == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    if (err->status == NGX_HTTP_SERVICE_UNAVAILABLE) {
+        if (ngx_http_omni_add_header(r, &ngx_http_omni_retry_key,
+                                     &ngx_http_omni_retry_value)
+            != NGX_OK)
+        {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+    }
+
+    return ngx_http_omni_send_response(r, err->status,
+                                       &ngx_http_omni_json_type, b);
+}
+
+
+ngx_int_t
+ngx_http_omni_add_header(ngx_http_request_t *r, ngx_str_t *key,
+    ngx_str_t *value)
+{
+    ngx_table_elt_t  *h;
+
+    h = ngx_list_push(&r->headers_out.headers);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+
+    h->hash = 1;
+    h->key = *key;
+    h->value = *value;
+    h->lowcase_key = NULL;
+
+    return NGX_OK;
+}
+
+
+void
+ngx_http_omni_keepalive_start(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
+{
+    ngx_pool_cleanup_t        *cln;
+    ngx_http_omni_loc_conf_t  *olcf;
+
+    olcf = ngx_http_get_module_loc_conf(r, ngx_http_omni_module);
+
+    if (olcf->keepalive_interval == 0 || ctx->keepalive.handler) {
+        return;
+    }
+
+    cln = ngx_pool_cleanup_add(r->pool, 0);
+    if (cln == NULL) {
+        return;
+    }
+
+    cln->handler = ngx_http_omni_keepalive_cleanup;
+    cln->data = ctx;
+
+    ctx->keepalive.handler = ngx_http_omni_keepalive_handler;
+    ctx->keepalive.data = r;
+    ctx->keepalive.log = r->connection->log;
+    ctx->keepalive.cancelable = 1;
+
+    ngx_add_timer(&ctx->keepalive, olcf->keepalive_interval);
+}
+
+
+void
+ngx_http_omni_keepalive_stop(ngx_http_omni_ctx_t *ctx)
+{
+    if (ctx->keepalive.timer_set) {
+        ngx_del_timer(&ctx->keepalive);
+    }
+}
+
+
+static void
+ngx_http_omni_keepalive_handler(ngx_event_t *ev)
+{
+    ngx_http_request_t  *r = ev->data;
+
+    ngx_int_t                  rc;
+    ngx_buf_t                 *b;
+    ngx_connection_t          *c;
+    ngx_http_omni_ctx_t       *ctx;
+    ngx_http_core_loc_conf_t  *clcf;
+
+    c = r->connection;
+    ctx = ngx_http_get_module_ctx(r, ngx_http_omni_module);
+
+    ngx_log_debug0(NGX_LOG_DEBUG_HTTP, c->log, 0, "omni keep-alive comment");
+
+    b = ngx_calloc_buf(r->pool);
+    if (b == NULL) {
+        rc = NGX_ERROR;
+        goto done;
+    }
+
+    b->pos = ngx_http_omni_keepalive_comment;
+    b->last = b->pos + sizeof(ngx_http_omni_keepalive_comment) - 1;
+    b->memory = 1;
+
+    rc = ngx_http_omni_send_event(r, ctx, b);
+
+    if (rc == NGX_AGAIN) {
+        clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
+
+        if (ngx_handle_write_event(c->write, clcf->send_lowat) != NGX_OK) {
+            rc = NGX_ERROR;
+        }
+    }
+
+done:
+
+    if (rc == NGX_ERROR) {
+
+        /* the client is gone: the upstream cleanup closes the engine
+         * connection, which cancels the sequence */
+
+        ngx_http_omni_keepalive_stop(ctx);
+        ngx_http_finalize_request(r, NGX_ERROR);
+    }
+
+    ngx_http_run_posted_requests(c);
+}
+
+
+static void
+ngx_http_omni_keepalive_cleanup(void *data)
+{
+    ngx_http_omni_ctx_t  *ctx = data;
+
+    ngx_http_omni_keepalive_stop(ctx);
+}
+
+
+ngx_int_t
+ngx_http_omni_filter_init(ngx_conf_t *cf)
+{
+    ngx_http_next_header_filter = ngx_http_top_header_filter;
+    ngx_http_top_header_filter = ngx_http_omni_header_filter;
+
+    ngx_http_next_body_filter = ngx_http_top_body_filter;
+    ngx_http_top_body_filter = ngx_http_omni_body_filter;
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_omni_header_filter(ngx_http_request_t *r)
+{
+    ngx_str_t                   id;
+    ngx_uint_t                  status;
+    ngx_http_omni_ctx_t        *ctx;
+    ngx_http_variable_value_t  *vv;
+    ngx_http_omni_loc_conf_t   *olcf;
+    ngx_http_omni_main_conf_t  *omcf;
+
+    static ngx_str_t  id_key = ngx_string("x-request-id");
+
+    olcf = ngx_http_get_module_loc_conf(r, ngx_http_omni_module);
+
+    if (!olcf->enabled || r != r->main) {
+        return ngx_http_next_header_filter(r);
+    }
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_omni_module);
+
+    if (ctx) {
+        id = ctx->request_id;
+
+    } else {
+        omcf = ngx_http_get_module_main_conf(r, ngx_http_omni_module);
+
+        vv = ngx_http_get_indexed_variable(r, omcf->request_id);
+        if (vv == NULL || vv->not_found) {
+            return NGX_ERROR;
+        }
+
+        id.data = vv->data;
+        id.len = vv->len;
+    }
+
+    if (ngx_http_omni_add_header(r, &id_key, &id) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    status = r->err_status;
+
+    if (status < NGX_HTTP_BAD_REQUEST) {
+        return ngx_http_next_header_filter(r);
+    }
+
+    /* one of nginx's error pages (ngx_http_special_response_handler()) */
+
+    if (ctx == NULL) {
+        ctx = ngx_pcalloc(r->pool, sizeof(ngx_http_omni_ctx_t));
+        if (ctx == NULL) {
+            return NGX_ERROR;
+        }
+
+        ctx->endpoint = ngx_http_omni_endpoint(r, olcf, NULL);
+        ctx->request_id = id;
+
+        ngx_http_set_ctx(r, ctx, ngx_http_omni_module);
+    }
+
+    if (ngx_http_omni_error_page(r, ctx, status) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    return ngx_http_next_header_filter(r);
+}
+
+
+/*
+ * The page in ctx->page, and the headers for it: an OpenAI error for the
+ * API, the health JSON for omni_health, the module's own metrics for
+ * omni_metrics when the engine cannot answer.
+ */
+
+static ngx_int_t
+ngx_http_omni_error_page(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
+    ngx_uint_t status)
+{
+    ngx_buf_t              *b;
+    ngx_str_t               type;
+    ngx_http_omni_error_t  *err, page;
+
+    if (ctx->err.status) {
+        err = &ctx->err;
+
+    } else {
+        err = &page;
+        ngx_memzero(err, sizeof(ngx_http_omni_error_t));
+        ngx_http_omni_page_error(status, err);
+    }
+
+    ngx_str_set(&type, "application/json");
+
+    switch (ctx->endpoint) {
+
+    case NGX_HTTP_OMNI_HEALTH:
+        if (err->status >= NGX_HTTP_INTERNAL_SERVER_ERROR) {
+            err->status = NGX_HTTP_SERVICE_UNAVAILABLE;
+        }
+
+        b = ngx_http_omni_health_json(r, 0, err->message.data,
+                                      err->message.len);
+        break;
+
+    case NGX_HTTP_OMNI_METRICS:
+        if (status == NGX_HTTP_BAD_GATEWAY
+            || status == NGX_HTTP_GATEWAY_TIME_OUT)
+        {
+            /* the module's counters are worth a scrape on their own */
+
+            err->status = NGX_HTTP_OK;
+            ngx_str_set(&type, "text/plain; version=0.0.4; charset=utf-8");
+            b = ngx_http_omni_metrics_text(r, 0);
+            break;
+        }
+
+        /* fall through */
+
+    default:
+        b = ngx_http_omni_error_json(r, err);
+        break;
+    }
+
+    if (b == NULL) {
+        return NGX_ERROR;
+    }
+
+    b->last_buf = 1;
+    b->last_in_chain = 1;
+
+    ctx->page = ngx_alloc_chain_link(r->pool);
+    if (ctx->page == NULL) {
+        return NGX_ERROR;
+    }
+
+    ctx->page->buf = b;
+    ctx->page->next = NULL;
+
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "omni error page: %ui as %ui", status, err->status);
+
+    r->err_status = err->status;
+    r->headers_out.status = err->status;
+
+    ngx_http_omni_set_content_type(r, &type);
+
+    r->headers_out.content_length_n = b->last - b->pos;
+
+    if (err->status == NGX_HTTP_SERVICE_UNAVAILABLE) {
+        return ngx_http_omni_add_header(r, &ngx_http_omni_retry_key,
+                                        &ngx_http_omni_retry_value);
+    }
+
+    return NGX_OK;
+}
+
+
+/* An error page nginx made, as an OpenAI error. */
+
+static void
+ngx_http_omni_page_error(ngx_uint_t status, ngx_http_omni_error_t *err)
+{
+    err->status = status;
+
+    if (status >= NGX_HTTP_INTERNAL_SERVER_ERROR) {
+        ngx_str_set(&err->type, "server_error");
+
+    } else {
+        ngx_str_set(&err->type, "invalid_request_error");
+    }
+
+    switch (status) {
+
+    case NGX_HTTP_BAD_REQUEST:
+        ngx_str_set(&err->message, "The request could not be read.");
+        break;
+
+    case NGX_HTTP_UNAUTHORIZED:
+    case NGX_HTTP_FORBIDDEN:
+        ngx_str_set(&err->message, "Access denied.");
+        break;
+
+    case NGX_HTTP_NOT_FOUND:
+        ngx_str_set(&err->message, "Not found.");
+        break;
+
+    case NGX_HTTP_NOT_ALLOWED:
+        ngx_str_set(&err->message, "Method not allowed.");
+        break;
+
+    case NGX_HTTP_REQUEST_TIME_OUT:
+        ngx_str_set(&err->message, "The request was not received in time.");
+        break;
+
+    case NGX_HTTP_REQUEST_ENTITY_TOO_LARGE:
+        ngx_str_set(&err->message,
+                    "The request body is too large "
+                    "(client_max_body_size).");
+        break;
+
+    case NGX_HTTP_TOO_MANY_REQUESTS:
+        ngx_str_set(&err->type, "requests");
+        ngx_str_set(&err->code, "rate_limit_exceeded");
+        ngx_str_set(&err->message, "Too many requests.");
+        break;
+
+    case NGX_HTTP_BAD_GATEWAY:
+    case NGX_HTTP_SERVICE_UNAVAILABLE:
+        err->status = NGX_HTTP_SERVICE_UNAVAILABLE;
+        ngx_str_set(&err->code, "engine_unavailable");
+        ngx_str_set(&err->message,
+                    "The engine is not available, please try again later.");
+        break;
+
+    case NGX_HTTP_GATEWAY_TIME_OUT:
+        ngx_str_set(&err->message, "The engine did not answer in time.");
+        break;
+
+    default:
+        if (status >= NGX_HTTP_INTERNAL_SERVER_ERROR) {
+            ngx_str_set(&err->message, "The server had an internal error.");
+
+        } else {
+            ngx_str_set(&err->message, "The request was refused.");
+        }
+
+        break;
+    }
+}
+
+
+static ngx_int_t
+ngx_http_omni_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
+{
+    ngx_uint_t            last;
+    ngx_chain_t          *cl, *page;
+    ngx_http_omni_ctx_t  *ctx;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_omni_module);
+
+    if (ctx == NULL || ctx->page == NULL) {
+        return ngx_http_next_body_filter(r, in);
+    }
+
+    /* nginx's page is dropped; ours goes out in its place */
+
+    last = 0;
+
+    for (cl = in; cl; cl = cl->next) {
+        cl->buf->pos = cl->buf->last;
+        cl->buf->file_pos = cl->buf->file_last;
+
+        if (cl->buf->last_buf) {
+            last = 1;
+        }
+    }
+
+    if (!last) {
+        return NGX_OK;
+    }
+
+    page = ctx->page;
+    ctx->page = NULL;
+
+    return ngx_http_next_body_filter(r, page);
+}

@@ -1,0 +1,1144 @@
+
+/*
+ * Copyright (C) ngx_omni authors
+ */
+
+
+/*
+ * ngx_http_omni_upstream.c -- the engine, through nginx's upstream
+ * machinery.
+ *
+ * create_request writes one frame: REQUEST with the engine's JSON, or an
+ * empty MODELS, HEALTH or METRICS control frame. Frames coming back
+ * (engine/omni_proto.h) are read by one resumable parser: a frame may be
+ * split across reads and one read may hold several; every header is
+ * checked with omni_frame_check() before its payload is gathered.
+ *
+ * process_header decides the response from the first frames:
+ *
+ *   streaming request, first frame TEXT or DONE: 200 text/event-stream;
+ *       the frames stay in the buffer for the input filter, which turns
+ *       each one into an SSE event sent and flushed at once;
+ *   non-streaming request: TEXT is gathered, the body is built at DONE
+ *       (so it has a Content-Length) or at ERROR (the engine's status);
+ *   control frames: their one reply.
+ *
+ * A whole body made here goes out through u->out_bufs with u->length 0,
+ * which makes the upstream module finish the request as soon as it is
+ * sent. An engine that fails before the header leaves the response to
+ * nginx's error page, which ngx_http_omni_stream.c replaces by JSON; after
+ * the header, by an SSE error event and a clean end.
+ */
+
+
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_http.h>
+
+#include "ngx_http_omni_module.h"
+
+
+#define NGX_HTTP_OMNI_TEXT_BUF  4096
+
+
+static ngx_int_t ngx_http_omni_create_request(ngx_http_request_t *r);
+static ngx_int_t ngx_http_omni_reinit_request(ngx_http_request_t *r);
+static ngx_int_t ngx_http_omni_process_header(ngx_http_request_t *r);
+static ngx_int_t ngx_http_omni_header_frame(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_str_t *payload);
+static ngx_int_t ngx_http_omni_gather(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_str_t *text);
+static ngx_int_t ngx_http_omni_health_reply(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_str_t *payload);
+static ngx_int_t ngx_http_omni_metrics_reply(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_str_t *payload);
+static ngx_int_t ngx_http_omni_reply(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_uint_t status, ngx_str_t *type,
+    ngx_chain_t *body);
+static ngx_int_t ngx_http_omni_reply_error(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_http_omni_error_t *err);
+static ngx_int_t ngx_http_omni_invalid_frame(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, const char *what);
+static ngx_int_t ngx_http_omni_parse_frame(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, u_char **pos, u_char *last,
+    ngx_str_t *payload);
+static ngx_int_t ngx_http_omni_input_filter_init(void *data);
+static ngx_int_t ngx_http_omni_input_filter(void *data, ssize_t bytes);
+static ngx_int_t ngx_http_omni_stream_frame(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_str_t *payload);
+static ngx_int_t ngx_http_omni_stream_done(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_str_t *payload);
+static ngx_int_t ngx_http_omni_stream_error(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_http_omni_error_t *err);
+static void ngx_http_omni_abort_request(ngx_http_request_t *r);
+static void ngx_http_omni_finalize_request(ngx_http_request_t *r,
+    ngx_int_t rc);
+
+
+static ngx_str_t  ngx_http_omni_json_type =
+    ngx_string("application/json");
+static ngx_str_t  ngx_http_omni_sse_type =
+    ngx_string("text/event-stream; charset=utf-8");
+static ngx_str_t  ngx_http_omni_metrics_type =
+    ngx_string("text/plain; version=0.0.4; charset=utf-8");
+
+
+ngx_int_t
+ngx_http_omni_upstream_create(ngx_http_request_t *r,
+    ngx_http_omni_loc_conf_t *olcf)
+{
+    ngx_http_upstream_t  *u;
+
+    if (ngx_http_upstream_create(r) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    u = r->upstream;
+
+    ngx_str_set(&u->schema, "omni://");
+    u->output.tag = (ngx_buf_tag_t) &ngx_http_omni_module;
+
+    u->conf = &olcf->upstream;
+
+    u->create_request = ngx_http_omni_create_request;
+    u->reinit_request = ngx_http_omni_reinit_request;
+    u->process_header = ngx_http_omni_process_header;
+    u->abort_request = ngx_http_omni_abort_request;
+    u->finalize_request = ngx_http_omni_finalize_request;
+
+    u->input_filter_init = ngx_http_omni_input_filter_init;
+    u->input_filter = ngx_http_omni_input_filter;
+    u->input_filter_ctx = r;
+
+    u->buffering = olcf->upstream.buffering;
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_omni_create_request(ngx_http_request_t *r)
+{
+    uint8_t               type;
+    ngx_buf_t            *b;
+    ngx_str_t             payload;
+    ngx_chain_t          *cl;
+    ngx_http_omni_ctx_t  *ctx;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_omni_module);
+
+    ngx_str_null(&payload);
+
+    switch (ctx->endpoint) {
+
+    case NGX_HTTP_OMNI_CHAT:
+    case NGX_HTTP_OMNI_COMPLETIONS:
+        type = OMNI_F_REQUEST;
+        payload = ctx->req.engine;
+        break;
+
+    case NGX_HTTP_OMNI_MODELS:
+    case NGX_HTTP_OMNI_MODEL:
+        type = OMNI_F_MODELS;
+        break;
+
+    case NGX_HTTP_OMNI_HEALTH:
+        type = OMNI_F_HEALTH;
+        break;
+
+    case NGX_HTTP_OMNI_METRICS:
+        type = OMNI_F_METRICS;
+        break;
+
+    default:
+        ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
+                      "omni: no engine frame for endpoint %d",
+                      (int) ctx->endpoint);
+        return NGX_ERROR;
+    }
+
+    b = ngx_create_temp_buf(r->pool, OMNI_FRAME_HDR);
+    if (b == NULL) {
+        return NGX_ERROR;
+    }
+
+    omni_hdr_encode(b->last, type, (uint32_t) payload.len);
+    b->last += OMNI_FRAME_HDR;
+
+    cl = ngx_alloc_chain_link(r->pool);
+    if (cl == NULL) {
+        return NGX_ERROR;
+    }
+
+    cl->buf = b;
+    cl->next = NULL;
+
+    r->upstream->request_bufs = cl;
+
+    if (payload.len) {
+        b = ngx_calloc_buf(r->pool);
+        if (b == NULL) {
+            return NGX_ERROR;
+        }
+
+        /* start is where a retry on the next engine sends from again */
+
+        b->start = payload.data;
+        b->pos = payload.data;
+        b->last = payload.data + payload.len;
+        b->end = b->last;
+        b->memory = 1;
+
+        cl->next = ngx_alloc_chain_link(r->pool);
+        if (cl->next == NULL) {
+            return NGX_ERROR;
+        }
+
+        cl->next->buf = b;
+        cl->next->next = NULL;
+    }
+
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "omni request frame: type %ui, %uz bytes",
+                   (ngx_uint_t) type, payload.len);
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_omni_reinit_request(ngx_http_request_t *r)
+{
+    ngx_http_omni_ctx_t  *ctx;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_omni_module);
+
+    if (ctx == NULL) {
+        return NGX_OK;
+    }
+
+    ctx->hdr_got = 0;
+    ctx->payload_got = 0;
+    ctx->role_sent = 0;
+    ctx->done = 0;
+    ctx->text = NULL;
+    ctx->text_last = NULL;
+    ctx->text_len = 0;
+    ctx->out = NULL;
+    ctx->err.status = 0;
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_omni_process_header(ngx_http_request_t *r)
+{
+    ngx_int_t             rc;
+    ngx_buf_t            *b;
+    ngx_str_t             payload;
+    OmniFrameHdr          h;
+    ngx_http_upstream_t  *u;
+    ngx_http_omni_ctx_t  *ctx;
+
+    static ngx_str_t  cache_key = ngx_string("Cache-Control");
+    static ngx_str_t  cache_value = ngx_string("no-cache");
+
+    u = r->upstream;
+    b = &u->buffer;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_omni_module);
+
+    if (ctx->req.stream && ctx->hdr_got == 0) {
+
+        /* the first frame decides; TEXT and DONE are left in the buffer */
+
+        if (b->last - b->pos < OMNI_FRAME_HDR) {
+            return NGX_AGAIN;
+        }
+
+        omni_hdr_decode(&h, b->pos);
+
+        if ((h.type == OMNI_F_TEXT || h.type == OMNI_F_DONE)
+            && omni_frame_check(&h, OMNI_DIR_TO_CLIENT) == NULL)
+        {
+            ngx_log_debug0(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                           "omni stream starts");
+
+            u->headers_in.status_n = NGX_HTTP_OK;
+            u->headers_in.content_length_n = -1;
+            u->state->status = NGX_HTTP_OK;
+
+            ngx_http_omni_set_content_type(r, &ngx_http_omni_sse_type);
+
+            if (ngx_http_omni_add_header(r, &cache_key, &cache_value)
+                != NGX_OK)
+            {
+                return NGX_ERROR;
+            }
+
+            return NGX_OK;
+        }
+    }
+
+    for ( ;; ) {
+
+        rc = ngx_http_omni_parse_frame(r, ctx, &b->pos, b->last, &payload);
+
+        if (rc == NGX_AGAIN) {
+
+            /* all bytes are consumed: the buffer is free again, and the
+             * read timeout runs from this frame on */
+
+            b->pos = b->start;
+            b->last = b->start;
+
+            ngx_add_timer(u->peer.connection->read, u->conf->read_timeout);
+
+            return NGX_AGAIN;
+        }
+
+        if (rc != NGX_OK) {
+            return rc;
+        }
+
+        rc = ngx_http_omni_header_frame(r, ctx, &payload);
+
+        if (rc != NGX_AGAIN) {
+            return rc;
+        }
+    }
+}
+
+
+/*
+ * One whole frame before the response header. NGX_AGAIN: read on;
+ * NGX_OK: the response is set; NGX_HTTP_UPSTREAM_INVALID_HEADER;
+ * NGX_ERROR.
+ */
+
+static ngx_int_t
+ngx_http_omni_header_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
+    ngx_str_t *payload)
+{
+    ngx_buf_t              *b;
+    ngx_int_t               rc;
+    ngx_uint_t              request;
+    ngx_chain_t            *cl;
+    ngx_http_omni_error_t   err;
+
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "omni frame: type %ui, %uz bytes",
+                   (ngx_uint_t) ctx->frame.type, payload->len);
+
+    request = (ctx->endpoint == NGX_HTTP_OMNI_CHAT
+               || ctx->endpoint == NGX_HTTP_OMNI_COMPLETIONS);
+
+    ngx_memzero(&err, sizeof(ngx_http_omni_error_t));
+
+    switch (ctx->frame.type) {
+
+    case OMNI_F_TEXT:
+        if (!request) {
+            break;
+        }
+
+        if (ngx_http_omni_gather(r, ctx, payload) != NGX_OK) {
+            return NGX_ERROR;
+        }
+
+        return NGX_AGAIN;
+
+    case OMNI_F_DONE:
+        if (!request) {
+            break;
+        }
+
+        if (omni_done_decode(&ctx->usage, payload->data) != 0) {
+            return ngx_http_omni_invalid_frame(r, ctx, "DONE");
+        }
+
+        ctx->done = 1;
+
+        b = ngx_http_omni_completion_json(r, ctx);
+        if (b == NULL) {
+            return NGX_ERROR;
+        }
+
+        cl = ngx_alloc_chain_link(r->pool);
+        if (cl == NULL) {
+            return NGX_ERROR;
+        }
+
+        cl->buf = b;
+        cl->next = NULL;
+
+        return ngx_http_omni_reply(r, ctx, NGX_HTTP_OK,
+                                   &ngx_http_omni_json_type, cl);
+
+    case OMNI_F_ERROR:
+        if (ngx_http_omni_engine_error(payload->data, payload->len, &err)
+            != NGX_OK)
+        {
+            return ngx_http_omni_invalid_frame(r, ctx, "ERROR");
+        }
+
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "omni engine error %ui: \"%V\"",
+                      err.status, &err.message);
+
+        ctx->done = 1;
+
+        return ngx_http_omni_reply_error(r, ctx, &err);
+
+    case OMNI_F_MODELS_R:
+        if (ctx->endpoint != NGX_HTTP_OMNI_MODELS
+            && ctx->endpoint != NGX_HTTP_OMNI_MODEL)
+        {
+            break;
+        }
+
+        ctx->done = 1;
+
+        rc = ngx_http_omni_models_json(r, ctx, payload->data, payload->len,
+                                       &b, &err);
+
+        if (rc == NGX_DECLINED) {
+            return ngx_http_omni_reply_error(r, ctx, &err);
+        }
+
+        if (rc != NGX_OK) {
+            return ngx_http_omni_invalid_frame(r, ctx, "MODELS_R");
+        }
+
+        cl = ngx_alloc_chain_link(r->pool);
+        if (cl == NULL) {
+            return NGX_ERROR;
+        }
+
+        cl->buf = b;
+        cl->next = NULL;
+
+        return ngx_http_omni_reply(r, ctx, NGX_HTTP_OK,
+                                   &ngx_http_omni_json_type, cl);
+
+    case OMNI_F_HEALTH_R:
+        if (ctx->endpoint != NGX_HTTP_OMNI_HEALTH) {
+            break;
+        }
+
+        ctx->done = 1;
+
+        return ngx_http_omni_health_reply(r, ctx, payload);
+
+    case OMNI_F_METRICS_R:
+        if (ctx->endpoint != NGX_HTTP_OMNI_METRICS) {
+            break;
+        }
+
+        ctx->done = 1;
+
+        return ngx_http_omni_metrics_reply(r, ctx, payload);
+    }
+
+    ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                  "omni engine sent unexpected frame type %ui",
+                  (ngx_uint_t) ctx->frame.type);
+
+    return ngx_http_omni_invalid_frame(r, ctx, NULL);
+}
+
+
+/* Non-streaming TEXT: appended to ctx->text, in buffers of at least
+ * NGX_HTTP_OMNI_TEXT_BUF bytes. */
+
+static ngx_int_t
+ngx_http_omni_gather(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
+    ngx_str_t *text)
+{
+    ngx_buf_t    *b;
+    ngx_chain_t  *cl;
+
+    if (text->len == 0) {
+        return NGX_OK;
+    }
+
+    cl = ctx->text_last;
+
+    if (cl == NULL || (size_t) (cl->buf->end - cl->buf->last) < text->len) {
+
+        b = ngx_create_temp_buf(r->pool,
+                                ngx_max(text->len, NGX_HTTP_OMNI_TEXT_BUF));
+        if (b == NULL) {
+            return NGX_ERROR;
+        }
+
+        cl = ngx_alloc_chain_link(r->pool);
+        if (cl == NULL) {
+            return NGX_ERROR;
+        }
+
+        cl->buf = b;
+        cl->next = NULL;
+
+        if (ctx->text_last) {
+            ctx->text_last->next = cl;
+
+        } else {
+            ctx->text = cl;
+        }
+
+        ctx->text_last = cl;
+    }
+
+    cl->buf->last = ngx_cpymem(cl->buf->last, text->data, text->len);
+    ctx->text_len += text->len;
+
+    return NGX_OK;
+}
+
+
+/* HEALTH_R: u16 status (200 ready), then the reason */
+
+static ngx_int_t
+ngx_http_omni_health_reply(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
+    ngx_str_t *payload)
+{
+    ngx_buf_t    *b;
+    ngx_uint_t    status;
+    ngx_chain_t  *cl;
+
+    if (payload->len < 2) {
+        return ngx_http_omni_invalid_frame(r, ctx, "HEALTH_R");
+    }
+
+    status = omni_rd16(payload->data);
+
+    b = ngx_http_omni_health_json(r, status == NGX_HTTP_OK,
+                                  payload->data + 2, payload->len - 2);
+    if (b == NULL) {
+        return NGX_ERROR;
+    }
+
+    cl = ngx_alloc_chain_link(r->pool);
+    if (cl == NULL) {
+        return NGX_ERROR;
+    }
+
+    cl->buf = b;
+    cl->next = NULL;
+
+    return ngx_http_omni_reply(r, ctx,
+                               status == NGX_HTTP_OK
+                               ? NGX_HTTP_OK : NGX_HTTP_SERVICE_UNAVAILABLE,
+                               &ngx_http_omni_json_type, cl);
+}
+
+
+/* METRICS_R: the engine's text, then the module's counters */
+
+static ngx_int_t
+ngx_http_omni_metrics_reply(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
+    ngx_str_t *payload)
+{
+    ngx_buf_t    *b;
+    ngx_chain_t  *cl;
+
+    /* the payload may be a view into u->buffer, which is read into again
+     * while the body goes out */
+
+    b = ngx_create_temp_buf(r->pool, payload->len ? payload->len : 1);
+    if (b == NULL) {
+        return NGX_ERROR;
+    }
+
+    b->last = ngx_cpymem(b->last, payload->data, payload->len);
+
+    cl = ngx_alloc_chain_link(r->pool);
+    if (cl == NULL) {
+        return NGX_ERROR;
+    }
+
+    cl->buf = b;
+
+    cl->next = ngx_alloc_chain_link(r->pool);
+    if (cl->next == NULL) {
+        return NGX_ERROR;
+    }
+
+    cl->next->buf = ngx_http_omni_metrics_text(r, 1);
+    if (cl->next->buf == NULL) {
+        return NGX_ERROR;
+    }
+
+    cl->next->next = NULL;
+
+    return ngx_http_omni_reply(r, ctx, NGX_HTTP_OK,
+                               &ngx_http_omni_metrics_type, cl);
+}
+
+
+/*
+ * The response made before the header: status, Content-Type and
+ * Content-Length; the body goes out in input_filter_init.
+ */
+
+static ngx_int_t
+ngx_http_omni_reply(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
+    ngx_uint_t status, ngx_str_t *type, ngx_chain_t *body)
+{
+    off_t                 len;
+    ngx_chain_t          *cl;
+    ngx_http_upstream_t  *u;
+
+    static ngx_str_t  retry_key = ngx_string("Retry-After");
+    static ngx_str_t  retry_value = ngx_string("1");
+
+    u = r->upstream;
+
+    len = 0;
+
+    for (cl = body; cl; cl = cl->next) {
+        cl->buf->tag = u->output.tag;
+        cl->buf->flush = 1;
+        len += ngx_buf_size(cl->buf);
+    }
+
+    ctx->out = body;
+
+    u->headers_in.status_n = status;
+    u->headers_in.content_length_n = len;
+    u->state->status = status;
+
+    ngx_http_omni_set_content_type(r, type);
+
+    if (status == NGX_HTTP_SERVICE_UNAVAILABLE) {
+        if (ngx_http_omni_add_header(r, &retry_key, &retry_value) != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+    }
+
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "omni response: %ui, %O bytes", status, len);
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_omni_reply_error(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
+    ngx_http_omni_error_t *err)
+{
+    ngx_buf_t    *b;
+    ngx_chain_t  *cl;
+
+    b = ngx_http_omni_error_json(r, err);
+    if (b == NULL) {
+        return NGX_ERROR;
+    }
+
+    cl = ngx_alloc_chain_link(r->pool);
+    if (cl == NULL) {
+        return NGX_ERROR;
+    }
+
+    cl->buf = b;
+    cl->next = NULL;
+
+    return ngx_http_omni_reply(r, ctx, err->status, &ngx_http_omni_json_type,
+                               cl);
+}
+
+
+/* A frame the engine should not have sent: a 502 whose JSON the error
+ * page filter writes from ctx->err. */
+
+static ngx_int_t
+ngx_http_omni_invalid_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
+    const char *what)
+{
+    if (what) {
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "omni engine sent invalid %s frame", what);
+    }
+
+    ctx->err.status = NGX_HTTP_BAD_GATEWAY;
+    ngx_str_set(&ctx->err.type, "server_error");
+    ngx_str_set(&ctx->err.message, "The engine sent an invalid response.");
+    ngx_str_null(&ctx->err.param);
+    ngx_str_null(&ctx->err.code);
+
+    return NGX_HTTP_UPSTREAM_INVALID_HEADER;
+}
+
+
+/*
+ * Reads one frame from *pos up to last, advancing *pos. NGX_OK: a whole
+ * frame, header in ctx->frame, payload in *payload (a view into the
+ * caller's buffer or into ctx->payload, valid until the next call);
+ * NGX_AGAIN: every byte is consumed and the frame is not whole yet;
+ * NGX_HTTP_UPSTREAM_INVALID_HEADER: a header omni_frame_check() refuses;
+ * NGX_ERROR.
+ */
+
+static ngx_int_t
+ngx_http_omni_parse_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
+    u_char **pos, u_char *last, ngx_str_t *payload)
+{
+    size_t       n, len;
+    ngx_buf_t   *b;
+    const char  *msg;
+
+    if (ctx->hdr_got < OMNI_FRAME_HDR) {
+        n = ngx_min((size_t) (last - *pos), OMNI_FRAME_HDR - ctx->hdr_got);
+
+        ngx_memcpy(ctx->hdr + ctx->hdr_got, *pos, n);
+        ctx->hdr_got += n;
+        *pos += n;
+
+        if (ctx->hdr_got < OMNI_FRAME_HDR) {
+            return NGX_AGAIN;
+        }
+
+        omni_hdr_decode(&ctx->frame, ctx->hdr);
+
+        msg = omni_frame_check(&ctx->frame, OMNI_DIR_TO_CLIENT);
+
+        if (msg != NULL) {
+            ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                          "omni engine sent invalid frame: %s "
+                          "(type %ui, length %uD)", msg,
+                          (ngx_uint_t) ctx->frame.type, ctx->frame.len);
+
+            return ngx_http_omni_invalid_frame(r, ctx, NULL);
+        }
+
+        ctx->payload_got = 0;
+    }
+
+    len = ctx->frame.len;
+
+    if (ctx->payload_got == 0 && (size_t) (last - *pos) >= len) {
+
+        /* the whole payload is here: used in place */
+
+        payload->data = *pos;
+        payload->len = len;
+
+        *pos += len;
+        ctx->hdr_got = 0;
+
+        return NGX_OK;
+    }
+
+    b = ctx->payload;
+
+    if (ctx->payload_got == 0) {
+
+        /* the length is checked against the type's limit already */
+
+        if (b == NULL || (size_t) (b->end - b->start) < len) {
+            b = ngx_create_temp_buf(r->pool, len);
+            if (b == NULL) {
+                return NGX_ERROR;
+            }
+
+            ctx->payload = b;
+        }
+
+        b->pos = b->start;
+        b->last = b->start;
+    }
+
+    n = ngx_min((size_t) (last - *pos), len - ctx->payload_got);
+
+    b->last = ngx_cpymem(b->last, *pos, n);
+    ctx->payload_got += n;
+    *pos += n;
+
+    if (ctx->payload_got < len) {
+        return NGX_AGAIN;
+    }
+
+    payload->data = b->pos;
+    payload->len = len;
+
+    ctx->hdr_got = 0;
+    ctx->payload_got = 0;
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_omni_input_filter_init(void *data)
+{
+    ngx_http_request_t  *r = data;
+
+    ngx_http_upstream_t  *u;
+    ngx_http_omni_ctx_t  *ctx;
+
+    u = r->upstream;
+    ctx = ngx_http_get_module_ctx(r, ngx_http_omni_module);
+
+    ctx->header_sent = 1;
+
+    if (ctx->out) {
+
+        /* a whole body: u->length 0 ends the request once it is sent */
+
+        u->out_bufs = ctx->out;
+        u->length = 0;
+
+        return NGX_OK;
+    }
+
+    /* an event stream: it ends at DONE or ERROR (u->length 0 then), or
+     * when the engine closes (u->length -1: see finalize_request) */
+
+    u->length = -1;
+
+    ngx_http_omni_keepalive_start(r, ctx);
+
+    return NGX_OK;
+}
+
+
+/* The event stream: each frame becomes one SSE event, sent at once. */
+
+static ngx_int_t
+ngx_http_omni_input_filter(void *data, ssize_t bytes)
+{
+    ngx_http_request_t  *r = data;
+
+    u_char                *p;
+    ngx_int_t              rc;
+    ngx_buf_t             *b;
+    ngx_str_t              payload;
+    ngx_http_upstream_t   *u;
+    ngx_http_omni_ctx_t   *ctx;
+
+    u = r->upstream;
+    b = &u->buffer;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_omni_module);
+
+    p = b->last;
+    b->last += bytes;
+
+    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "omni filter: %z bytes", bytes);
+
+    if (ctx->done) {
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "omni engine sent %z bytes after its last frame",
+                      bytes);
+        return NGX_OK;
+    }
+
+    while (p < b->last) {
+
+        rc = ngx_http_omni_parse_frame(r, ctx, &p, b->last, &payload);
+
+        if (rc == NGX_AGAIN) {
+            break;
+        }
+
+        if (rc == NGX_OK) {
+            rc = ngx_http_omni_stream_frame(r, ctx, &payload);
+        }
+
+        if (rc == NGX_ERROR) {
+            return NGX_ERROR;
+        }
+
+        if (rc == NGX_HTTP_UPSTREAM_INVALID_HEADER) {
+            ngx_http_omni_count(r, NGX_HTTP_OMNI_M_UPSTREAM_ERROR);
+
+            if (ngx_http_omni_stream_error(r, ctx, &ctx->err) == NGX_ERROR) {
+                return NGX_ERROR;
+            }
+        }
+
+        if (ctx->done) {
+            u->length = 0;
+            break;
+        }
+    }
+
+    return NGX_OK;
+}
+
+
+/* One frame of an event stream: NGX_OK, NGX_ERROR (the client is gone)
+ * or NGX_HTTP_UPSTREAM_INVALID_HEADER. */
+
+static ngx_int_t
+ngx_http_omni_stream_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
+    ngx_str_t *payload)
+{
+    ngx_buf_t              *b;
+    ngx_http_omni_error_t   err;
+
+    switch (ctx->frame.type) {
+
+    case OMNI_F_TEXT:
+
+        if (ctx->endpoint == NGX_HTTP_OMNI_CHAT && !ctx->role_sent) {
+            b = ngx_http_omni_chunk_role(r, ctx);
+            if (b == NULL) {
+                return NGX_ERROR;
+            }
+
+            ctx->role_sent = 1;
+
+            if (ngx_http_omni_send_event(r, ctx, b) == NGX_ERROR) {
+                return NGX_ERROR;
+            }
+        }
+
+        if (payload->len == 0) {
+            return NGX_OK;
+        }
+
+        b = ngx_http_omni_chunk_text(r, ctx, payload->data, payload->len);
+        if (b == NULL) {
+            return NGX_ERROR;
+        }
+
+        return ngx_http_omni_send_event(r, ctx, b) == NGX_ERROR
+               ? NGX_ERROR : NGX_OK;
+
+    case OMNI_F_DONE:
+        return ngx_http_omni_stream_done(r, ctx, payload);
+
+    case OMNI_F_ERROR:
+        ngx_memzero(&err, sizeof(ngx_http_omni_error_t));
+
+        if (ngx_http_omni_engine_error(payload->data, payload->len, &err)
+            != NGX_OK)
+        {
+            return ngx_http_omni_invalid_frame(r, ctx, "ERROR");
+        }
+
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "omni engine error %ui in a stream: \"%V\"",
+                      err.status, &err.message);
+
+        return ngx_http_omni_stream_error(r, ctx, &err);
+    }
+
+    ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                  "omni engine sent unexpected frame type %ui in a stream",
+                  (ngx_uint_t) ctx->frame.type);
+
+    return ngx_http_omni_invalid_frame(r, ctx, NULL);
+}
+
+
+/* DONE: the finish chunk, the usage chunk if asked for, [DONE] */
+
+static ngx_int_t
+ngx_http_omni_stream_done(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
+    ngx_str_t *payload)
+{
+    ngx_buf_t  *b;
+
+    if (omni_done_decode(&ctx->usage, payload->data) != 0) {
+        return ngx_http_omni_invalid_frame(r, ctx, "DONE");
+    }
+
+    ctx->done = 1;
+    ngx_http_omni_keepalive_stop(ctx);
+
+    if (ctx->endpoint == NGX_HTTP_OMNI_CHAT && !ctx->role_sent) {
+        b = ngx_http_omni_chunk_role(r, ctx);
+        if (b == NULL) {
+            return NGX_ERROR;
+        }
+
+        ctx->role_sent = 1;
+
+        if (ngx_http_omni_send_event(r, ctx, b) == NGX_ERROR) {
+            return NGX_ERROR;
+        }
+    }
+
+    b = ngx_http_omni_chunk_finish(r, ctx);
+    if (b == NULL) {
+        return NGX_ERROR;
+    }
+
+    if (ngx_http_omni_send_event(r, ctx, b) == NGX_ERROR) {
+        return NGX_ERROR;
+    }
+
+    if (ctx->req.include_usage) {
+        b = ngx_http_omni_chunk_usage(r, ctx);
+        if (b == NULL) {
+            return NGX_ERROR;
+        }
+
+        if (ngx_http_omni_send_event(r, ctx, b) == NGX_ERROR) {
+            return NGX_ERROR;
+        }
+    }
+
+    b = ngx_http_omni_chunk_done(r);
+    if (b == NULL) {
+        return NGX_ERROR;
+    }
+
+    ngx_log_debug3(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "omni stream done: prompt %uD, completion %uD, "
+                   "finish %ui", ctx->usage.prompt_tokens,
+                   ctx->usage.completion_tokens,
+                   (ngx_uint_t) ctx->usage.finish);
+
+    return ngx_http_omni_send_event(r, ctx, b) == NGX_ERROR
+           ? NGX_ERROR : NGX_OK;
+}
+
+
+/* An error after the stream began: one error event, then the stream
+ * ends (the caller sets u->length 0, or finalize sends the last buffer). */
+
+static ngx_int_t
+ngx_http_omni_stream_error(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
+    ngx_http_omni_error_t *err)
+{
+    ngx_buf_t  *b;
+
+    ctx->done = 1;
+    ngx_http_omni_keepalive_stop(ctx);
+
+    b = ngx_http_omni_error_event(r, err);
+    if (b == NULL) {
+        return NGX_ERROR;
+    }
+
+    return ngx_http_omni_send_event(r, ctx, b) == NGX_ERROR
+           ? NGX_ERROR : NGX_OK;
+}
+
+
+static void
+ngx_http_omni_abort_request(ngx_http_request_t *r)
+{
+    ngx_log_debug0(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "abort http omni request");
+    return;
+}
+
+
+/*
+ * Called by the upstream module before it closes the engine connection
+ * (closing it is how the engine learns of a cancel). rc 0 with the
+ * stream unfinished means the engine closed without DONE.
+ */
+
+static void
+ngx_http_omni_finalize_request(ngx_http_request_t *r, ngx_int_t rc)
+{
+    ngx_http_upstream_t    *u;
+    ngx_http_omni_ctx_t    *ctx;
+    ngx_http_omni_error_t   err;
+
+    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "finalize http omni request: %i", rc);
+
+    u = r->upstream;
+    ctx = ngx_http_get_module_ctx(r, ngx_http_omni_module);
+
+    ngx_http_omni_keepalive_stop(ctx);
+
+    if (rc == NGX_HTTP_CLIENT_CLOSED_REQUEST
+        || ((rc == NGX_ERROR || rc == NGX_DONE) && r->connection->error))
+    {
+        ngx_http_omni_count(r, NGX_HTTP_OMNI_M_CLIENT_ABORT);
+        return;
+    }
+
+    if (!u->header_sent) {
+
+        /* nginx's error page follows; stream.c makes it JSON from
+         * ctx->err */
+
+        if (rc == NGX_HTTP_BAD_GATEWAY || rc == NGX_HTTP_GATEWAY_TIME_OUT) {
+            ngx_http_omni_count(r, NGX_HTTP_OMNI_M_UPSTREAM_ERROR);
+
+            if (ctx->err.status == 0) {
+                ngx_str_set(&ctx->err.type, "server_error");
+
+                if (rc == NGX_HTTP_GATEWAY_TIME_OUT) {
+                    ctx->err.status = NGX_HTTP_GATEWAY_TIME_OUT;
+                    ngx_str_set(&ctx->err.message,
+                                "The engine did not answer in time.");
+
+                } else if (u->request_sent) {
+
+                    /* it took the request, then closed: it died */
+
+                    ctx->err.status = NGX_HTTP_SERVICE_UNAVAILABLE;
+                    ngx_str_set(&ctx->err.code, "engine_unavailable");
+                    ngx_str_set(&ctx->err.message,
+                                "The engine closed the connection before "
+                                "its answer was complete, please try "
+                                "again later.");
+
+                } else {
+                    ctx->err.status = NGX_HTTP_SERVICE_UNAVAILABLE;
+                    ngx_str_set(&ctx->err.code, "engine_unavailable");
+                    ngx_str_set(&ctx->err.message,
+                                "The engine is not available, "
+                                "please try again later.");
+                }
+            }
+        }
+
+        return;
+    }
+
+    if (ctx->done || !ctx->req.stream || rc == NGX_DONE || rc == NGX_ERROR) {
+        return;
+    }
+
+    /* the stream stopped without DONE: the engine closed (rc 0), failed
+     * or timed out */
+
+    ngx_http_omni_count(r, NGX_HTTP_OMNI_M_UPSTREAM_ERROR);
+
+    ngx_memzero(&err, sizeof(ngx_http_omni_error_t));
+
+    err.status = (rc == NGX_HTTP_GATEWAY_TIME_OUT)
+                 ? NGX_HTTP_GATEWAY_TIME_OUT : NGX_HTTP_BAD_GATEWAY;
+    ngx_str_set(&err.type, "server_error");
+
+    if (rc == 0) {
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "omni engine closed the stream before DONE");
+
+        ngx_str_set(&err.message,
+                    "The engine closed the stream before the end.");
+
+    } else if (rc == NGX_HTTP_GATEWAY_TIME_OUT) {
+        ngx_str_set(&err.message, "The engine did not answer in time.");
+
+    } else {
+        ngx_str_set(&err.message, "The engine failed during the stream.");
+    }
+
+    if (ngx_http_omni_stream_error(r, ctx, &err) != NGX_OK) {
+        return;
+    }
+
+    if (rc != 0) {
+
+        /* the upstream module ends an errored response by closing the
+         * connection: end the chunked body first, so the client sees a
+         * whole response */
+
+        (void) ngx_http_send_special(r, NGX_HTTP_LAST);
+    }
+}

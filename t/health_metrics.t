@@ -1,0 +1,132 @@
+# omni_health and omni_metrics against the real engine: readiness as
+# JSON, the Prometheus text (the engine's metrics, then the module's own:
+# requests by endpoint and status, client aborts, upstream errors, auth
+# failures, engine_up), methods, x-request-id. The engine-down and
+# not-ready cases are in t/upstream.t (with a stand-in engine).
+use strict;
+use warnings;
+use lib '.';
+use t::lib::Omni;
+use Test::Nginx::Socket 'no_plan';
+
+no_shuffle();
+no_long_string();
+
+our $M = $ENV{TEST_NGINX_OMNI_MODEL};
+
+sub chat {
+    return "POST /v1/chat/completions\n" . encode_json({ model => $M,
+        messages => [{ role => 'user', content => 'Hi' }], max_tokens => 2,
+        @_ });
+}
+
+# metric name (with labels) => value
+sub prom { return map { /^(\S+) (\S+)$/ ? ($1, $2) : () }
+                  grep { !/^#/ } split /\n/, shift }
+
+run_tests();
+
+__DATA__
+
+=== TEST 1: omni_health: ready
+--- request
+GET /health
+--- error_code: 200
+--- response_headers_like
+Content-Type: application/json
+X-Request-Id: [0-9a-f]{32}
+--- response_body
+{"status":"ready"}
+--- no_error_log
+[error]
+
+
+
+=== TEST 2: omni_health: HEAD
+--- request
+HEAD /health
+--- error_code: 200
+--- response_body
+
+
+
+=== TEST 3: omni_health: POST is refused
+--- request
+POST /health
+{}
+--- error_code: 405
+--- response_headers_like
+Allow: GET, HEAD
+--- check
+error_is($json, 'invalid_request_error', undef, undef, $name);
+
+
+
+=== TEST 4: omni_metrics: the engine's metrics and the module's
+--- request
+GET /metrics
+--- error_code: 200
+--- response_headers_like
+Content-Type: text/plain; version=0\.0\.4.*
+X-Request-Id: [0-9a-f]{32}
+--- check
+my %m = prom($body);
+for my $n (qw(num_requests_running num_requests_waiting kv_cache_usage_perc
+              requests_cancelled_total stage_ready)) {
+    like($body, qr/^# TYPE omni_engine_$n /m, "$name: engine's $n");
+}
+is($m{omni_engine_stage_ready}, 1, "$name: the engine's stage is ready");
+for my $n (qw(client_aborts_total upstream_errors_total auth_failures_total
+              engine_up)) {
+    like($body, qr/^# HELP omni_nginx_$n .+\n# TYPE omni_nginx_$n /m,
+         "$name: module's $n with HELP and TYPE");
+}
+is($m{omni_nginx_engine_up}, 1, "$name: engine_up 1");
+my @names = map { /^(\w+)/ } grep { !/^#/ && /\S/ } split /\n/, $body;
+ok(!grep({ !/^omni_(?:engine|nginx)_/ } @names),
+   "$name: every metric is omni_engine_* or omni_nginx_*");
+
+
+
+=== TEST 5: requests counted by endpoint and status
+--- request eval
+[::chat(), ::chat(), ::chat(temperature => 7), "GET /v1/models",
+ "GET /v1/models/nope", "GET /v1/nothing-here", "GET /metrics"]
+--- error_code eval
+[200, 200, 400, 200, 404, 404, 200]
+--- check
+if ($i == 6) {
+    my %m = prom($body);
+    my $k = sub { "omni_nginx_requests_total{endpoint=\"$_[0]\","
+                  . "code=\"$_[1]\"}" };
+    is($m{ $k->('chat_completions', 200) }, 2, "$name: chat 200 x2");
+    is($m{ $k->('chat_completions', 400) }, 1, "$name: chat 400 x1");
+    is($m{ $k->('models', 200) }, 1, "$name: models 200 x1");
+    is($m{ $k->('model', 404) }, 1, "$name: model 404 x1");
+    is($m{ $k->('unknown', 404) }, 1, "$name: unknown route 404 x1");
+    is($m{omni_nginx_upstream_errors_total}, 0, "$name: no upstream error");
+    like($body, qr/^omni_engine_request_success_total\{[^}]*\} [1-9]/m,
+         "$name: the engine's own counters are there");
+}
+
+
+
+=== TEST 6: omni_metrics: POST is refused
+--- request
+POST /metrics
+{}
+--- error_code: 405
+--- check
+error_is($json, 'invalid_request_error', undef, undef, $name);
+
+
+
+=== TEST 7: omni_metrics needs omni_pass in its location
+--- config
+    location = /metrics {
+        omni_metrics;
+    }
+--- must_die
+--- error_log
+"omni_metrics" needs "omni_pass"
+--- no_error_log
