@@ -11,7 +11,7 @@
  * One location with omni_pass serves the whole API under it: the handler
  * routes on the URI (everything after the first "/v1/") and the method,
  * checks the API key, reads the body of POST requests and has
- * ngx_http_omni_openai.c turn it into the engine's request, then hands the
+ * ngx_http_omni_request.c turn it into the engine's request, then hands the
  * request to nginx's upstream machinery (ngx_http_omni_upstream.c).
  * Client mistakes found here are answered at once with OpenAI's error
  * object; they never reach the engine.

@@ -5,14 +5,16 @@
  *   ngx_http_omni_module.c    directives, configuration, the content
  *                             handler: method and URI dispatch, API keys,
  *                             request body, then the upstream (omni_pass)
+ *   ngx_http_omni_request.c   OpenAI request bodies in: validated,
+ *                             normalized into the engine's request JSON
  *   ngx_http_omni_upstream.c  upstream callbacks: the REQUEST or control
  *                             frame out, engine frames in (omni_proto.h),
  *                             turned into responses by the two below
- *   ngx_http_omni_openai.c    OpenAI JSON: request bodies in (validated,
- *                             normalized into the engine's request JSON),
- *                             response bodies, SSE chunks and errors out
- *   ngx_http_omni_stream.c    unbuffered output: one event, one flush;
- *                             the idle keep-alive comment
+ *   ngx_http_omni_openai.c    OpenAI JSON out: response bodies, SSE
+ *                             chunks, errors, model lists
+ *   ngx_http_omni_stream.c    unbuffered output: one event, one flush,
+ *                             event buffers recycled; the idle keep-alive
+ *                             comment
  *   ngx_http_omni_metrics.c   counters in shared memory (all workers),
  *                             omni_metrics and omni_health handlers
  *   ngx_omni_engine_module.c  CORE module: omni_engine, the sidecar that
@@ -29,6 +31,9 @@
 #include <ngx_config.h>
 #include <ngx_core.h>
 #include <ngx_http.h>
+
+#include <yajl/yajl_gen.h>
+#include <yajl/yajl_tree.h>
 
 #include "omni_proto.h"
 
@@ -97,6 +102,9 @@ typedef struct {
     OmniDone                    usage;
     ngx_chain_t                *out;            /* a whole body, made
                                                    before the header */
+    ngx_chain_t                *free;           /* event buffers, sent */
+    ngx_chain_t                *busy;           /* event buffers, being
+                                                   sent */
     ngx_event_t                 keepalive;      /* idle SSE comment timer */
 
     /* an error page of nginx's, replaced by JSON (stream.c filters) */
@@ -134,7 +142,7 @@ typedef struct {
 extern ngx_module_t  ngx_http_omni_module;
 
 
-/* ngx_http_omni_openai.c
+/* ngx_http_omni_request.c
  *
  * ngx_http_omni_parse() reads a chat or completions body (yajl), checks
  * the fields the module acts on (model, stream, stream_options, n,
@@ -148,24 +156,43 @@ ngx_int_t ngx_http_omni_parse(ngx_http_request_t *r,
     ngx_http_omni_endpoint_e endpoint, ngx_str_t *body,
     ngx_http_omni_req_t *req, ngx_http_omni_error_t *err);
 
-/* Response bodies, allocated from r->pool. */
+/* JSON in, for the request body and the engine's MODELS_R: the
+ * pre-scan (NULL, or why the bytes are refused; *syntax: not JSON at
+ * all); yajl's tree of them, freed by yajl_tree_free() (NULL: refused,
+ * why in ebuf, or out of memory, ebuf empty); an object's member (NULL
+ * when absent or null); a tree value or a C string added to a yajl_gen
+ * (a yajl_gen_status). */
+char *ngx_http_omni_prescan(u_char *p, size_t len, ngx_uint_t *syntax);
+yajl_val ngx_http_omni_tree(ngx_http_request_t *r, u_char *json,
+    size_t len, u_char *ebuf, size_t size);
+yajl_val ngx_http_omni_member(yajl_val o, const char *key);
+ngx_uint_t ngx_http_omni_gen_value(yajl_gen g, yajl_val v);
+ngx_uint_t ngx_http_omni_gen_str(yajl_gen g, const char *s);
+
+
+/* ngx_http_omni_openai.c
+ *
+ * Whole bodies, allocated from r->pool. */
 ngx_buf_t *ngx_http_omni_error_json(ngx_http_request_t *r,
     ngx_http_omni_error_t *err);
-ngx_buf_t *ngx_http_omni_error_event(ngx_http_request_t *r,
-    ngx_http_omni_error_t *err);            /* data: {"error":...}\n\n */
-ngx_buf_t *ngx_http_omni_chunk_role(ngx_http_request_t *r,
-    ngx_http_omni_ctx_t *ctx);
-ngx_buf_t *ngx_http_omni_chunk_text(ngx_http_request_t *r,
-    ngx_http_omni_ctx_t *ctx, u_char *text, size_t len);
-ngx_buf_t *ngx_http_omni_chunk_finish(ngx_http_request_t *r,
-    ngx_http_omni_ctx_t *ctx);
-ngx_buf_t *ngx_http_omni_chunk_usage(ngx_http_request_t *r,
-    ngx_http_omni_ctx_t *ctx);
-ngx_buf_t *ngx_http_omni_chunk_done(ngx_http_request_t *r);
-                                            /* data: [DONE]\n\n */
 ngx_buf_t *ngx_http_omni_completion_json(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx);              /* non-streaming body from
                                                ctx->text and ctx->usage */
+/* SSE events, in a buffer of ctx's free list (ngx_http_omni_event_buf()),
+ * for ngx_http_omni_send_event(); NULL: no memory. */
+ngx_chain_t *ngx_http_omni_error_event(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_http_omni_error_t *err);
+                                            /* data: {"error":...}\n\n */
+ngx_chain_t *ngx_http_omni_chunk_role(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx);
+ngx_chain_t *ngx_http_omni_chunk_text(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, u_char *text, size_t len);
+ngx_chain_t *ngx_http_omni_chunk_finish(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx);
+ngx_chain_t *ngx_http_omni_chunk_usage(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx);
+ngx_chain_t *ngx_http_omni_chunk_done(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx);              /* data: [DONE]\n\n */
 /* The engine's MODELS_R JSON as OpenAI's list (ctx->endpoint MODELS) or
  * one model (MODEL: ctx->model_id; NGX_DECLINED with err filled, a 404,
  * when the engine does not serve it). */
@@ -186,9 +213,14 @@ ngx_int_t ngx_http_omni_upstream_create(ngx_http_request_t *r,
 /* ngx_http_omni_stream.c */
 ngx_int_t ngx_http_omni_send_header(ngx_http_request_t *r,
     ngx_uint_t status, ngx_str_t *content_type, off_t content_length);
-/* Sends b now and flushes; arms the keep-alive timer again. */
+/* An empty event buffer of at least size bytes, from ctx->free. */
+ngx_chain_t *ngx_http_omni_event_buf(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, size_t size);
+/* Sends the event cl (from ngx_http_omni_event_buf()) now and flushes;
+ * its buffer goes back to ctx->free once written out. Arms the keep-alive
+ * timer again. */
 ngx_int_t ngx_http_omni_send_event(ngx_http_request_t *r,
-    ngx_http_omni_ctx_t *ctx, ngx_buf_t *b);
+    ngx_http_omni_ctx_t *ctx, ngx_chain_t *cl);
 /* A whole response: header, body b, last buffer. */
 ngx_int_t ngx_http_omni_send_response(ngx_http_request_t *r,
     ngx_uint_t status, ngx_str_t *content_type, ngx_buf_t *b);

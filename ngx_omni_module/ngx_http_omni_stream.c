@@ -14,6 +14,10 @@
  * in r->out, and the upstream module's downstream write handler sends it
  * when the client is ready.
  *
+ * Event buffers are recycled through a free list in ctx, as upstream's
+ * non-buffered path recycles its own: a long stream's memory stays that
+ * of its unsent events.
+ *
  * A stream the engine is quiet on (a long prompt, a queue) gets the SSE
  * comment ": keep-alive" every omni_keepalive_interval, so proxies and
  * clients do not take it for dead. The timer lives in the request's ctx:
@@ -31,6 +35,12 @@
 #include <ngx_http.h>
 
 #include "ngx_http_omni_module.h"
+
+
+/* event buffers grow in steps of this: one fits the events of about the
+ * same size that follow, and each event a slow client has not taken yet
+ * holds less than this beyond its bytes */
+#define NGX_HTTP_OMNI_EVENT_ALIGN  128
 
 
 static void ngx_http_omni_keepalive_handler(ngx_event_t *ev);
@@ -91,25 +101,81 @@ ngx_http_omni_set_content_type(ngx_http_request_t *r, ngx_str_t *type)
 }
 
 
-ngx_int_t
-ngx_http_omni_send_event(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
-    ngx_buf_t *b)
-{
-    ngx_int_t                  rc;
-    ngx_chain_t                out;
-    ngx_http_omni_loc_conf_t  *olcf;
+/*
+ * Event buffers go round the nginx way (ngx_chain_update_chains()): an
+ * event is built in a buffer taken from ctx->free, sent, kept in
+ * ctx->busy while the client has not taken all of it, then returned to
+ * ctx->free. A stream therefore holds as many buffers as it has events
+ * unsent, one when the client keeps up, and a buffer's memory grows only
+ * for an event larger than it; nothing is allocated per token.
+ */
 
+ngx_chain_t *
+ngx_http_omni_event_buf(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
+    size_t size)
+{
+    u_char       *p;
+    ngx_buf_t    *b;
+    ngx_chain_t  *cl;
+
+    cl = ngx_chain_get_free_buf(r->pool, &ctx->free);
+    if (cl == NULL) {
+        return NULL;
+    }
+
+    b = cl->buf;
+
+    if ((size_t) (b->end - b->start) < size) {
+        size = ngx_align(size, NGX_HTTP_OMNI_EVENT_ALIGN);
+
+        p = ngx_pnalloc(r->pool, size);
+        if (p == NULL) {
+            return NULL;
+        }
+
+        ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                       "omni event buffer: %uz bytes, was %uz", size,
+                       (size_t) (b->end - b->start));
+
+        if (b->start) {
+
+            /* the old memory goes back only if it was a large block */
+
+            (void) ngx_pfree(r->pool, b->start);
+        }
+
+        b->start = p;
+        b->end = p + size;
+        b->temporary = 1;
+    }
+
+    b->pos = b->start;
+    b->last = b->start;
+    b->sync = 0;
     b->flush = 1;
     b->tag = (ngx_buf_tag_t) &ngx_http_omni_module;
 
-    out.buf = b;
-    out.next = NULL;
+    return cl;
+}
 
-    rc = ngx_http_output_filter(r, &out);
+
+ngx_int_t
+ngx_http_omni_send_event(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
+    ngx_chain_t *cl)
+{
+    off_t                      size;
+    ngx_int_t                  rc;
+    ngx_http_omni_loc_conf_t  *olcf;
+
+    size = ngx_buf_size(cl->buf);
+
+    rc = ngx_http_output_filter(r, cl);
+
+    ngx_chain_update_chains(r->pool, &ctx->free, &ctx->busy, &cl,
+                            (ngx_buf_tag_t) &ngx_http_omni_module);
 
     ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                   "omni event: %uz bytes, rc %i", (size_t) (b->last - b->pos),
-                   rc);
+                   "omni event: %O bytes, rc %i", size, rc);
 
     if (rc == NGX_ERROR) {
         return NGX_ERROR;
@@ -236,7 +302,7 @@ ngx_http_omni_keepalive_handler(ngx_event_t *ev)
     ngx_http_request_t  *r = ev->data;
 
     ngx_int_t                  rc;
-    ngx_buf_t                 *b;
+    ngx_chain_t               *cl;
     ngx_connection_t          *c;
     ngx_http_omni_ctx_t       *ctx;
     ngx_http_core_loc_conf_t  *clcf;
@@ -246,17 +312,17 @@ ngx_http_omni_keepalive_handler(ngx_event_t *ev)
 
     ngx_log_debug0(NGX_LOG_DEBUG_HTTP, c->log, 0, "omni keep-alive comment");
 
-    b = ngx_calloc_buf(r->pool);
-    if (b == NULL) {
+    cl = ngx_http_omni_event_buf(r, ctx,
+                                 sizeof(ngx_http_omni_keepalive_comment) - 1);
+    if (cl == NULL) {
         rc = NGX_ERROR;
         goto done;
     }
 
-    b->pos = ngx_http_omni_keepalive_comment;
-    b->last = b->pos + sizeof(ngx_http_omni_keepalive_comment) - 1;
-    b->memory = 1;
+    cl->buf->last = ngx_cpymem(cl->buf->last, ngx_http_omni_keepalive_comment,
+                               sizeof(ngx_http_omni_keepalive_comment) - 1);
 
-    rc = ngx_http_omni_send_event(r, ctx, b);
+    rc = ngx_http_omni_send_event(r, ctx, cl);
 
     if (rc == NGX_AGAIN) {
         clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);

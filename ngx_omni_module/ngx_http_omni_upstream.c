@@ -878,7 +878,7 @@ static ngx_int_t
 ngx_http_omni_stream_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_str_t *payload)
 {
-    ngx_buf_t              *b;
+    ngx_chain_t            *cl;
     ngx_http_omni_error_t   err;
 
     switch (ctx->frame.type) {
@@ -886,14 +886,14 @@ ngx_http_omni_stream_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     case OMNI_F_TEXT:
 
         if (ctx->endpoint == NGX_HTTP_OMNI_CHAT && !ctx->role_sent) {
-            b = ngx_http_omni_chunk_role(r, ctx);
-            if (b == NULL) {
+            cl = ngx_http_omni_chunk_role(r, ctx);
+            if (cl == NULL) {
                 return NGX_ERROR;
             }
 
             ctx->role_sent = 1;
 
-            if (ngx_http_omni_send_event(r, ctx, b) == NGX_ERROR) {
+            if (ngx_http_omni_send_event(r, ctx, cl) == NGX_ERROR) {
                 return NGX_ERROR;
             }
         }
@@ -902,12 +902,12 @@ ngx_http_omni_stream_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
             return NGX_OK;
         }
 
-        b = ngx_http_omni_chunk_text(r, ctx, payload->data, payload->len);
-        if (b == NULL) {
+        cl = ngx_http_omni_chunk_text(r, ctx, payload->data, payload->len);
+        if (cl == NULL) {
             return NGX_ERROR;
         }
 
-        return ngx_http_omni_send_event(r, ctx, b) == NGX_ERROR
+        return ngx_http_omni_send_event(r, ctx, cl) == NGX_ERROR
                ? NGX_ERROR : NGX_OK;
 
     case OMNI_F_DONE:
@@ -943,7 +943,7 @@ static ngx_int_t
 ngx_http_omni_stream_done(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_str_t *payload)
 {
-    ngx_buf_t  *b;
+    ngx_chain_t  *cl;
 
     if (omni_done_decode(&ctx->usage, payload->data) != 0) {
         return ngx_http_omni_invalid_frame(r, ctx, "DONE");
@@ -953,40 +953,40 @@ ngx_http_omni_stream_done(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_http_omni_keepalive_stop(ctx);
 
     if (ctx->endpoint == NGX_HTTP_OMNI_CHAT && !ctx->role_sent) {
-        b = ngx_http_omni_chunk_role(r, ctx);
-        if (b == NULL) {
+        cl = ngx_http_omni_chunk_role(r, ctx);
+        if (cl == NULL) {
             return NGX_ERROR;
         }
 
         ctx->role_sent = 1;
 
-        if (ngx_http_omni_send_event(r, ctx, b) == NGX_ERROR) {
+        if (ngx_http_omni_send_event(r, ctx, cl) == NGX_ERROR) {
             return NGX_ERROR;
         }
     }
 
-    b = ngx_http_omni_chunk_finish(r, ctx);
-    if (b == NULL) {
+    cl = ngx_http_omni_chunk_finish(r, ctx);
+    if (cl == NULL) {
         return NGX_ERROR;
     }
 
-    if (ngx_http_omni_send_event(r, ctx, b) == NGX_ERROR) {
+    if (ngx_http_omni_send_event(r, ctx, cl) == NGX_ERROR) {
         return NGX_ERROR;
     }
 
     if (ctx->req.include_usage) {
-        b = ngx_http_omni_chunk_usage(r, ctx);
-        if (b == NULL) {
+        cl = ngx_http_omni_chunk_usage(r, ctx);
+        if (cl == NULL) {
             return NGX_ERROR;
         }
 
-        if (ngx_http_omni_send_event(r, ctx, b) == NGX_ERROR) {
+        if (ngx_http_omni_send_event(r, ctx, cl) == NGX_ERROR) {
             return NGX_ERROR;
         }
     }
 
-    b = ngx_http_omni_chunk_done(r);
-    if (b == NULL) {
+    cl = ngx_http_omni_chunk_done(r, ctx);
+    if (cl == NULL) {
         return NGX_ERROR;
     }
 
@@ -996,7 +996,7 @@ ngx_http_omni_stream_done(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
                    ctx->usage.completion_tokens,
                    (ngx_uint_t) ctx->usage.finish);
 
-    return ngx_http_omni_send_event(r, ctx, b) == NGX_ERROR
+    return ngx_http_omni_send_event(r, ctx, cl) == NGX_ERROR
            ? NGX_ERROR : NGX_OK;
 }
 
@@ -1008,17 +1008,17 @@ static ngx_int_t
 ngx_http_omni_stream_error(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_http_omni_error_t *err)
 {
-    ngx_buf_t  *b;
+    ngx_chain_t  *cl;
 
     ctx->done = 1;
     ngx_http_omni_keepalive_stop(ctx);
 
-    b = ngx_http_omni_error_event(r, err);
-    if (b == NULL) {
+    cl = ngx_http_omni_error_event(r, ctx, err);
+    if (cl == NULL) {
         return NGX_ERROR;
     }
 
-    return ngx_http_omni_send_event(r, ctx, b) == NGX_ERROR
+    return ngx_http_omni_send_event(r, ctx, cl) == NGX_ERROR
            ? NGX_ERROR : NGX_OK;
 }
 
