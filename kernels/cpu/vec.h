@@ -31,7 +31,7 @@
 
 #include "dtype.h"
 
-#define GEMM_MR_MAX 8           // most activation rows a table asks for
+#define GEMM_MR_MAX 256         // most activation rows a table asks for
 
 /* out[i * ldo + j] = x_i . w_j for i < mr, j < nr; x_i at x + i*ldx bytes,
  * w_j at w + j*ldw bytes, k elements each (k % 32 == 0 for quantized). */

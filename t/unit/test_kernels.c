@@ -279,6 +279,10 @@ static void test_gemm(void **state) {
     static const int64_t ks_q[] = { 32, 64, 96, 160, 1024, 1056, 2112 };
     static const int64_t ks_x[] = { 32, 480, 512, 544, 1536, 1568, 2112 };
     static const int     nrs[] = { 1, 2, 3, 4, 5, 8, 12, 47, 48, 49, 64, GW };
+    /* activation rows per call, up to the table's mr (repacked q types
+       take up to GEMM_MR_MAX and block them for L2 themselves) */
+    static const int     ms[] = { 1, 2, 3, 4, 5, 6, 7, 8, 13, 16, 57,
+                                  GEMM_MR_MAX };
     int64_t kmax = 2113;
     float  *x = xmalloc(GEMM_MR_MAX * kmax * sizeof(float));
     char   *xv = xmalloc(GEMM_MR_MAX * (size_t) kmax * 4 + 4096);
@@ -319,7 +323,9 @@ static void test_gemm(void **state) {
                 }
             }
             assert_nmse(what, one, want, mr * GW, NMSE_F32);
-            for (int m = 1; m <= mr; m++) {
+            for (int mi = 0, m = 0; m < mr; mi++) {
+                m = ms[mi] < mr ? ms[mi] : mr;
+
                 for (size_t ni = 0; ni < sizeof(nrs) / sizeof(nrs[0]); ni++) {
                     I->vec->mm[s].gemm(k, m, nrs[ni], xv, ldv, w.data,
                                        w.m.row_bytes, got, GW);
