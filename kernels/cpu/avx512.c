@@ -6,8 +6,9 @@
  * per step it loads NR weight operands, then for each of the MR activation
  * rows loads that row's operand and updates NR accumulators. gemm_any()
  * runs tiles over panels of weight rows and blocks of k for the caches,
- * and decode (one activation row) row after row. Only the step differs
- * between types:
+ * and decode (one activation row) row after row; repacked q weights with
+ * more rows stream instead (gemm_stream). Only the step differs between
+ * types:
  *
  *   f32, f16, bf16 weights: 16 elements per step, activations stay f32.
  *     f16 widens with vcvtph2ps, bf16 with a zero-extend and shift; one FMA
@@ -324,7 +325,7 @@ INLINE __m512i load_wchunk(const int T, const char *w, int c, int *xc) {
  * right by 4 to -8 * sum(x), exactly. */
 INLINE void group_step(const int T, const int MR, const int NR,
                        const char *x, size_t ldx, const char *w, size_t ldw,
-                       int64_t g, __m512 acc[MR_MAX][NR_MAX])
+                       int64_t g, __m512 acc[MR_MAX][NR_MAX], const char *pf)
 {
     /* vpdpbusd's latency would serialize a small tile's 8 steps per
        output: split them over PC chains, added at the end (exact in int32,
@@ -337,6 +338,14 @@ INLINE void group_step(const int T, const int MR, const int NR,
 
     x += g * XG_STEP;
     w += g * gb;
+    if (pf != NULL) {
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; j++) {
+            for (size_t o = 0; o < gb + 63; o += 64) {
+                _mm_prefetch(pf + g * gb + j * ldw + o, _MM_HINT_T0);
+            }
+        }
+    }
 #pragma GCC unroll 8
     for (int i = 0; i < MR; i++) {
         __m512i c = _mm512_loadu_si512(x + i * ldx + 512);
@@ -390,12 +399,13 @@ INLINE void group_step(const int T, const int MR, const int NR,
 
 INLINE void tile_step(const int T, const int MR, const int NR,
                       const char *x, size_t ldx, const char *w, size_t ldw,
-                      int64_t s, int rem, __m512 acc[MR_MAX][NR_MAX])
+                      int64_t s, int rem, __m512 acc[MR_MAX][NR_MAX],
+                      const char *pf)
 {
     WOp wv[NR_MAX];
 
     if (T >= T_Q8X) {
-        group_step(T, MR, NR, x, ldx, w, ldw, s, acc);
+        group_step(T, MR, NR, x, ldx, w, ldw, s, acc, pf);
         return;
     }
 #pragma GCC unroll 8
@@ -416,11 +426,12 @@ INLINE void tile_step(const int T, const int MR, const int NR,
  * all into the one accumulator); at k1 == k they are added pairwise and
  * summed by the fixed tree.
  * k0 > 0 resumes from pk, k1 < k parks there (pk: this tile's slot
- * PARK(0, 0, 0)). */
+ * PARK(0, 0, 0)). A repacked tile given pf prefetches NR rows of ldw
+ * bytes there, the part each group step reads of its own rows. */
 INLINE void tile(const int T, const int MR, const int NR, int64_t k,
                  int64_t k0, int64_t k1, const char *x, size_t ldx,
                  const char *w, size_t ldw, float *out, size_t ldo,
-                 __m512 *pk)
+                 __m512 *pk, const char *pf)
 {
     const int step = t_step(T), A = t_acc(T);
     int64_t   s = k0 / step, s1 = k1 / step, ns = k / step;
@@ -442,10 +453,12 @@ INLINE void tile(const int T, const int MR, const int NR, int64_t k,
     for (; s + A <= s1; s += A) {
 #pragma GCC unroll 2
         for (int a = 0; a < A; a++) {
-            tile_step(T, MR, NR, x, ldx, w, ldw, s + a, 0, acc[a]);
+            tile_step(T, MR, NR, x, ldx, w, ldw, s + a, 0, acc[a], pf);
         }
     }
-    if (A == 2 && s < s1) tile_step(T, MR, NR, x, ldx, w, ldw, s, 0, acc[0]);
+    if (A == 2 && s < s1) {
+        tile_step(T, MR, NR, x, ldx, w, ldw, s, 0, acc[0], NULL);
+    }
     if (k1 < k) {
 #pragma GCC unroll 8
         for (int i = 0; i < MR; i++) {
@@ -464,13 +477,14 @@ INLINE void tile(const int T, const int MR, const int NR, int64_t k,
 
         for (int e = 0; e < rem; e += 64) {
             tile_step(t_base(T), MR, NR, xt, ldx, wt, ldw, e / 64,
-                      rem - e < 64 ? 32 : 0, acc[0]);
+                      rem - e < 64 ? 32 : 0, acc[0], NULL);
         }
     } else if (rem != 0) {
         if (A == 1 || ns % 2 == 0) {
-            tile_step(T, MR, NR, x, ldx, w, ldw, ns, rem, acc[0]);
+            tile_step(T, MR, NR, x, ldx, w, ldw, ns, rem, acc[0], NULL);
         } else {
-            tile_step(T, MR, NR, x, ldx, w, ldw, ns, rem, acc[A - 1]);
+            tile_step(T, MR, NR, x, ldx, w, ldw, ns, rem, acc[A - 1],
+                      NULL);
         }
     }
 
@@ -511,52 +525,56 @@ INLINE void tile_any(const int T, int64_t k, int64_t k0, int64_t k1, int mr,
 
     if (nr == NR) {
         switch (mr) {                   /* MR_MAX cases */
-        case 4: tile(T, 4, NR, k, k0, k1, x, ldx, w, ldw, out, ldo, pk);
+        case 4: tile(T, 4, NR, k, k0, k1, x, ldx, w, ldw, out, ldo, pk, NULL);
                 return;
-        case 3: tile(T, 3, NR, k, k0, k1, x, ldx, w, ldw, out, ldo, pk);
+        case 3: tile(T, 3, NR, k, k0, k1, x, ldx, w, ldw, out, ldo, pk, NULL);
                 return;
-        case 2: tile(T, 2, NR, k, k0, k1, x, ldx, w, ldw, out, ldo, pk);
+        case 2: tile(T, 2, NR, k, k0, k1, x, ldx, w, ldw, out, ldo, pk, NULL);
                 return;
-        case 1: tile(T, 1, NR, k, k0, k1, x, ldx, w, ldw, out, ldo, pk);
+        case 1: tile(T, 1, NR, k, k0, k1, x, ldx, w, ldw, out, ldo, pk, NULL);
                 return;
         }
     }
     for (int i = 0; i < mr; i++) {
         for (int j = 0; j < nr; j++) {
             tile(T, 1, 1, k, k0, k1, x + i * ldx, ldx, w + j * ldw, ldw,
-                 out + i * ldo + j, ldo, pk + PARK(j, i, 0));
+                 out + i * ldo + j, ldo, pk + PARK(j, i, 0), NULL);
         }
     }
 }
 
 /* Repacked q types with more than one activation row: X_NR weight rows at
  * a time, whole k, against every row of a block of activations that fits
- * in L2 (X_BLOCK), in (X_MR x X_NR) tiles. The weight rows stream from
- * memory once per block, front to back, and serve the block's tiles from
- * L1; no accumulators are parked. Measured on the 1B shapes, 2 threads,
- * against the panels above (tiles of 4 activation rows, each pass over the
- * panel re-reading its weights): 16 rows 204-268 -> 278-307 GMAC/s, 64
- * rows 292-368 -> 411-491, 512 rows 322-411 -> 346-443. Every output runs
- * the one tile body, so the bits are those of any other shape. */
+ * in L2 (X_BLOCK), in (X_MR x X_NR) tiles. The weight rows come from memory
+ * once per block, front to back, and serve the block's other tiles from
+ * L1, while the first tile prefetches the next X_NR rows; no accumulators
+ * are parked. Measured on the 1B shapes, 2 threads, weights from DRAM,
+ * against the panels above (each 4-row tile of activations re-reading the
+ * panel): 4 rows 118-131 -> 168-252 GMAC/s (the read bandwidth, as for one
+ * row), 16 rows 204-268 -> 292-371, 512 rows 322-411 -> 404-553. Every
+ * output runs the one tile body, so the bits are those of any shape. */
 INLINE void stream_rows(const int T, const int NR, int64_t k, int mr,
                         const char *x, size_t ldx, const char *w, size_t ldw,
                         float *out, size_t ldo)
 {
-    int i = 0;
+    /* the next rows, fetched while the first tile computes: the hardware
+       prefetcher alone held NR rows side by side to ~20 GB/s */
+    const char *pf = w + NR * ldw;
+    int         i = 0;
 
     for (; i + X_MR <= mr; i += X_MR) {
         tile(T, X_MR, NR, k, 0, k, x + i * ldx, ldx, w, ldw, out + i * ldo,
-             ldo, NULL);
+             ldo, NULL, i == 0 ? pf : NULL);
     }
     switch (mr - i) {                   /* X_MR - 1 cases */
     case 3: tile(T, 3, NR, k, 0, k, x + i * ldx, ldx, w, ldw, out + i * ldo,
-                 ldo, NULL);
+                 ldo, NULL, i == 0 ? pf : NULL);
             break;
     case 2: tile(T, 2, NR, k, 0, k, x + i * ldx, ldx, w, ldw, out + i * ldo,
-                 ldo, NULL);
+                 ldo, NULL, i == 0 ? pf : NULL);
             break;
     case 1: tile(T, 1, NR, k, 0, k, x + i * ldx, ldx, w, ldw, out + i * ldo,
-                 ldo, NULL);
+                 ldo, NULL, i == 0 ? pf : NULL);
             break;
     }
 }
@@ -604,7 +622,7 @@ INLINE void gemm_any(const int T, int64_t k, int mr, int nr, const char *x,
     if (mr == 1) {
         for (int j = 0; j < nr; j++) {
             tile(T, 1, 1, k, 0, k, x, ldx, w + j * ldw, ldw, out + j, ldo,
-                 NULL);
+                 NULL, NULL);
         }
         return;
     }
