@@ -267,6 +267,9 @@ INLINE __m512 madd(const int T, XOp x, WOp w, __m512 acc) {
 #define ACC_MAX 2
 #define X_ROWS  GEMM_MR_MAX     /* activation rows per call, repacked q */
 #define X_BLOCK (384 << 10)     /* bytes of activations kept in L2 */
+#define X_KB    2048            /* elements per k block (multiple of 512) */
+#define X_PARK_ROWS 64          /* most activation rows per block of k */
+#define PARK_TILE (NR_MAX * MR_MAX * ACC_MAX)
 
 INLINE int t_mr(const int T) {
     return T <= T_BF16 ? F_MR : T <= T_Q4 ? Q_MR : X_MR;
@@ -553,9 +556,10 @@ INLINE void tile_any(const int T, int64_t k, int64_t k0, int64_t k1, int mr,
  * panel): 4 rows 118-131 -> 168-252 GMAC/s (the read bandwidth, as for one
  * row), 16 rows 204-268 -> 292-371, 512 rows 322-411 -> 404-553. Every
  * output runs the one tile body, so the bits are those of any shape. */
-INLINE void stream_rows(const int T, const int NR, int64_t k, int mr,
-                        const char *x, size_t ldx, const char *w, size_t ldw,
-                        float *out, size_t ldo)
+INLINE void stream_rows(const int T, const int NR, int64_t k, int64_t k0,
+                        int64_t k1, int mr, const char *x, size_t ldx,
+                        const char *w, size_t ldw, float *out, size_t ldo,
+                        __m512 *pk)
 {
     /* the next rows, fetched while the first tile computes: the hardware
        prefetcher alone held NR rows side by side to ~20 GB/s */
@@ -563,41 +567,61 @@ INLINE void stream_rows(const int T, const int NR, int64_t k, int mr,
     int         i = 0;
 
     for (; i + X_MR <= mr; i += X_MR) {
-        tile(T, X_MR, NR, k, 0, k, x + i * ldx, ldx, w, ldw, out + i * ldo,
-             ldo, NULL, i == 0 ? pf : NULL);
+        tile(T, X_MR, NR, k, k0, k1, x + i * ldx, ldx, w, ldw, out + i * ldo,
+             ldo, pk + i / X_MR * PARK_TILE, i == 0 ? pf : NULL);
     }
     switch (mr - i) {                   /* X_MR - 1 cases */
-    case 3: tile(T, 3, NR, k, 0, k, x + i * ldx, ldx, w, ldw, out + i * ldo,
-                 ldo, NULL, i == 0 ? pf : NULL);
+    case 3: tile(T, 3, NR, k, k0, k1, x + i * ldx, ldx, w, ldw,
+                 out + i * ldo, ldo, pk + i / X_MR * PARK_TILE,
+                 i == 0 ? pf : NULL);
             break;
-    case 2: tile(T, 2, NR, k, 0, k, x + i * ldx, ldx, w, ldw, out + i * ldo,
-                 ldo, NULL, i == 0 ? pf : NULL);
+    case 2: tile(T, 2, NR, k, k0, k1, x + i * ldx, ldx, w, ldw,
+                 out + i * ldo, ldo, pk + i / X_MR * PARK_TILE,
+                 i == 0 ? pf : NULL);
             break;
-    case 1: tile(T, 1, NR, k, 0, k, x + i * ldx, ldx, w, ldw, out + i * ldo,
-                 ldo, NULL, i == 0 ? pf : NULL);
+    case 1: tile(T, 1, NR, k, k0, k1, x + i * ldx, ldx, w, ldw,
+                 out + i * ldo, ldo, pk + i / X_MR * PARK_TILE,
+                 i == 0 ? pf : NULL);
             break;
     }
 }
 
+/* Rows longer than X_KB elements go in blocks of k, every tile parking its
+ * accumulators between them, so that NR rows and a tile of activations
+ * stay in L1 (whole 5632-element rows did not: 292 GMAC/s at 16 rows where
+ * 2048-element ones reached 351-371). */
 INLINE void gemm_stream(const int T, int64_t k, int mr, int nr,
                         const char *x, size_t ldx, const char *w, size_t ldw,
                         float *out, size_t ldo)
 {
-    int xb = (int) (X_BLOCK / ldx) / X_MR * X_MR;
+    __m512 park[X_PARK_ROWS / X_MR * PARK_TILE];
+    int    xb = (int) (X_BLOCK / ldx) / X_MR * X_MR;
 
     xb = xb < X_MR ? X_MR : xb;
+    xb = k > X_KB && xb > X_PARK_ROWS ? X_PARK_ROWS : xb;
     for (int i0 = 0; i0 < mr; i0 += xb) {
-        int         m = mr - i0 < xb ? mr - i0 : xb, j = 0;
+        int         m = mr - i0 < xb ? mr - i0 : xb;
         const char *xi = x + (size_t) i0 * ldx;
         float      *oi = out + (size_t) i0 * ldo;
 
-        for (; j + X_NR <= nr; j += X_NR) {
-            stream_rows(T, X_NR, k, m, xi, ldx, w + (size_t) j * ldw, ldw,
-                        oi + j, ldo);
-        }
-        for (; j < nr; j++) {
-            stream_rows(T, 1, k, m, xi, ldx, w + (size_t) j * ldw, ldw,
-                        oi + j, ldo);
+        for (int j = 0; j < nr; j += X_NR) {
+            int n = nr - j < X_NR ? 1 : X_NR;   /* 1: the last rows, apart */
+
+            for (int r = 0; r < X_NR && j + r < nr; r += n) {
+                const char *wj = w + (size_t) (j + r) * ldw;
+
+                for (int64_t k0 = 0; k0 < k; k0 += X_KB) {
+                    int64_t k1 = k - k0 <= X_KB ? k : k0 + X_KB;
+
+                    if (n == X_NR) {
+                        stream_rows(T, X_NR, k, k0, k1, m, xi, ldx, wj, ldw,
+                                    oi + j, ldo, park);
+                    } else {
+                        stream_rows(T, 1, k, k0, k1, m, xi, ldx, wj, ldw,
+                                    oi + j + r, ldo, park);
+                    }
+                }
+            }
         }
     }
 }
