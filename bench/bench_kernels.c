@@ -12,8 +12,9 @@
  * weights streamed: "cold" rotates over copies of the matrix that together
  * exceed the last-level cache, as a decode step does over a model's layers,
  * and is the figure to hold against the bandwidth roofline; "hot" repeats
- * one matrix, which is what llama.cpp's test-backend-ops perf measures. For
- * n = 512 (prefill) it prints GFLOP/s. Matrices are first given to the
+ * one matrix, which is what llama.cpp's test-backend-ops perf measures.
+ * Batched decode, cold: n = 4 in GB/s (four sequences should cost what one
+ * does), n = 16 in GFLOP/s. For n = 512 (prefill) it prints GFLOP/s. Matrices are first given to the
  * backend's repack, as a model loaded into memory is. Times are medians of
  * reps runs after a warm-up; the spread (min..max) is printed so noise is
  * visible.
@@ -147,7 +148,7 @@ static Stat time_matmul(Backend *be, float *out, const float *x, int64_t n,
                         Matrix *m, int n_copies, int reps)
 {
     double t[MAX_REPS];
-    int    inner = n == 1 ? 8 * n_copies : 1;
+    int    inner = n == 1 ? 8 * n_copies : n <= 16 ? n_copies : 1;
 
     /* warm-up: page in, wake the pool, fill caches the way runs will */
     for (int c = 0; c < n_copies; c++) be->matmul(be, out, x, n, &m[c]);
@@ -168,7 +169,7 @@ static void bench_type(Backend *be, DType t, float *x, float *out, int reps) {
         size_t  rb, bytes = dtype_row_bytes(t, cols) * (size_t) rows;
         int     n_cold = (int) ((COLD_BYTES + bytes - 1) / bytes);
         Matrix  m[512];
-        Stat    hot, cold, big;
+        Stat    hot, cold, b4, b16, big;
         double  flop = 2.0 * 512 * (double) rows * (double) cols;
 
         n_cold = n_cold < 2 ? 2 : n_cold > 512 ? 512 : n_cold;
@@ -180,14 +181,18 @@ static void bench_type(Backend *be, DType t, float *x, float *out, int reps) {
         }
         cold = time_matmul(be, out, x, 1, m, n_cold, reps);
         hot = time_matmul(be, out, x, 1, m, 1, reps);
+        b4 = time_matmul(be, out, x, 4, m, n_cold, reps);
+        b16 = time_matmul(be, out, x, 16, m, n_cold, reps);
         big = time_matmul(be, out, x, 512, m, 1, reps < 5 ? reps : 5);
         printf("%-5s %5ldx%-5ld %-8s n=1 cold %7.1f us %6.1f GB/s "
-               "[%5.1f..%5.1f]  hot %6.1f GB/s   n=512 %8.2f ms %6.1f GFLOP/s "
+               "[%5.1f..%5.1f]  hot %6.1f GB/s   n=4 cold %6.1f GB/s  "
+               "n=16 cold %6.1f GFLOP/s   n=512 %8.2f ms %6.1f GFLOP/s "
                "[%5.1f..%5.1f]\n",
                dtype_name(t), (long) rows, (long) cols, shapes[s].what,
                cold.med * 1e6, (double) bytes / cold.med / 1e9,
                (double) bytes / cold.max / 1e9, (double) bytes / cold.min / 1e9,
-               (double) bytes / hot.med / 1e9, big.med * 1e3,
+               (double) bytes / hot.med / 1e9, (double) bytes / b4.med / 1e9,
+               flop / 32.0 / b16.med / 1e9, big.med * 1e3,
                flop / big.med / 1e9, flop / big.max / 1e9,
                flop / big.min / 1e9);
         fflush(stdout);

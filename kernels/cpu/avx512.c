@@ -626,12 +626,13 @@ INLINE void gemm_stream(const int T, int64_t k, int mr, int nr,
     }
 }
 
-/* The gemm of one weight type: out (mr, nr) for mr <= the type's MR and
- * any nr. One activation row (decode) runs 1x1 tiles over whole rows, one
- * weight row after the other, so each thread reads a single sequential
- * stream: measured, streaming 4 rows side by side reached 37 GB/s (f16)
- * and 25 GB/s (q8_0), one at a time 44 and 40; software prefetch on top
- * changed nothing measurable. */
+/* The gemm of one weight type: out (mr, nr) for mr <= the table's mr (the
+ * type's MR; X_ROWS for repacked q types, which stream) and any nr. One
+ * activation row (decode) runs 1x1 tiles over whole rows, one weight row
+ * after the other, so each thread reads a single sequential stream:
+ * measured, streaming 4 rows side by side reached 37 GB/s (f16) and 25
+ * GB/s (q8_0), one at a time 44 and 40; software prefetch on top changed
+ * nothing measurable for one row (it does for four, see gemm_stream). */
 INLINE void gemm_any(const int T, int64_t k, int mr, int nr, const char *x,
                      size_t ldx, const char *w, size_t ldw, float *out,
                      size_t ldo)
