@@ -14,7 +14,9 @@
  * deadlines folded into epoll_wait's timeout; a timer heap would buy
  * nothing at this count.
  *
- * A connection: READ (waiting for its one frame) -> ACTIVE for a REQUEST
+ * A connection: READ (waiting for its one frame; it gets --read-timeout
+ * seconds, then a 408 error, so a client that connects and sends nothing
+ * does not hold a descriptor for good) -> ACTIVE for a REQUEST
  * (in the id table; the stage's events for it are forwarded) -> CLOSING
  * (its last frame is queued; closed once flushed). Control frames and
  * refused requests go from READ to CLOSING at once. A client that closes
@@ -103,7 +105,10 @@ typedef struct Conn {
     double       t_arrive;      // REQUEST read (monotonic s), 0: none
     double       t_submit;      // SUBMIT queued to the stage
     double       t_first;       // first TEXT forwarded, 0: none yet
+    double       t_accept;      // accepted (monotonic s)
     struct Conn *prev, *next;   // every open connection
+    struct Conn *rprev, *rnext; // in READ, oldest first: one timeout for
+                                //   all, so the head's deadline is next
     struct Conn *hnext;         // chain in the id table
 } Conn;
 
@@ -146,6 +151,7 @@ typedef struct {
 
     /* connections */
     Conn        *conns;         // list of open connections
+    Conn        *rhead, *rtail; // connections in READ, by accept time
     Conn        *dead;          // closed in this batch, freed after it
     int64_t      n_conns;
     int64_t      n_active;      // in CONN_ACTIVE
@@ -223,8 +229,19 @@ static void stage_send(Frontend *fe, uint8_t type, uint64_t id,
 
 /* ---- Connections -------------------------------------------------------- */
 
+/* Takes c off the READ list (the deadline no longer applies). */
+static void read_leave(Frontend *fe, Conn *c) {
+    if (c->state != CONN_READ) return;
+    if (c->rprev != NULL) c->rprev->rnext = c->rnext;
+    else fe->rhead = c->rnext;
+    if (c->rnext != NULL) c->rnext->rprev = c->rprev;
+    else fe->rtail = c->rprev;
+    c->rprev = c->rnext = NULL;
+}
+
 static void conn_close(Frontend *fe, Conn *c) {
     if (c->fd < 0) return;
+    read_leave(fe, c);
     if (c->state == CONN_ACTIVE) {
         id_del(fe, c);
         fe->n_active--;
@@ -281,6 +298,7 @@ static void conn_end(Frontend *fe, Conn *c) {
         id_del(fe, c);
         fe->n_active--;
     }
+    read_leave(fe, c);
     c->state = CONN_CLOSING;
     conn_flush(fe, c);
 }
@@ -323,6 +341,11 @@ static void conn_accept(Frontend *fe, int fd) {
     c->src.kind = SRC_CONN;
     c->fd = fd;
     c->state = CONN_READ;
+    c->t_accept = clock_now_s();
+    c->rprev = fe->rtail;
+    if (fe->rtail != NULL) fe->rtail->rnext = c;
+    else fe->rhead = c;
+    fe->rtail = c;
     frame_reader_init(&c->rd, OMNI_DIR_TO_ENGINE);
     frame_writer_init(&c->wr);
     c->next = fe->conns;
@@ -470,6 +493,7 @@ static void request_start(Frontend *fe, Conn *c) {
         return;
     }
     c->id = fe->next_id++;
+    read_leave(fe, c);
     c->state = CONN_ACTIVE;
     c->hnext = *id_slot(fe, c->id);
     *id_slot(fe, c->id) = c;
@@ -999,6 +1023,9 @@ static int next_timeout(const Frontend *fe) {
     if (fe->listen_paused) next = fmin(next, fe->listen_resume);
     if (fe->phase == PHASE_DRAIN) next = fmin(next, fe->drain_until);
     if (fe->phase == PHASE_FINISH) next = fmin(next, fe->stop_kill_at);
+    if (fe->rhead != NULL) {
+        next = fmin(next, fe->rhead->t_accept + fe->cfg->read_timeout_s);
+    }
     if (isinf(next)) return -1;
     return next <= t ? 0 : (int) ceil((next - t) * 1e3);
 }
@@ -1015,6 +1042,16 @@ static void run_timers(Frontend *fe) {
         fe->gone_kill_at = INFINITY;
     }
     if (fe->listen_paused && t >= fe->listen_resume) listen_pause(fe, false);
+    while (fe->rhead != NULL
+           && t >= fe->rhead->t_accept + fe->cfg->read_timeout_s)
+    {
+        char why[128];
+
+        snprintf(why, sizeof(why), "no complete request frame within %d s",
+                 fe->cfg->read_timeout_s);
+        log_msg(LOG_INFO, "connection closed: %s", why);
+        conn_error(fe, fe->rhead, 408, NULL, "request_timeout", why);
+    }
     if (fe->phase == PHASE_DRAIN && (fe->n_active == 0
                                      || t >= fe->drain_until))
     {

@@ -520,7 +520,7 @@ static int cmd_make_model(int argc, char **argv) {
 static const char *const SERVE_VALS[] = {
     "model", "socket", "model-name", "threads", "isa", "ctx",
     "max-batch-tokens", "max-seqs", "max-queue", "block-size", "kv-cache-mb",
-    "drain-timeout", "log-level", "lock-file", NULL
+    "drain-timeout", "read-timeout", "log-level", "lock-file", NULL
 };
 static const char *const SERVE_FLAGS[] = { "mmap", "no-prefix-cache", NULL };
 
@@ -584,6 +584,7 @@ static void read_serve(const Opts *o, ServeConfig *c, char *name, size_t cap)
     c->kv_cache_mb = opt_float(o, "kv-cache-mb", 1024, 0.01, 1 << 20);
     c->prefix_cache = !opt_flag(o, "no-prefix-cache");
     c->drain_s = (int) opt_int(o, "drain-timeout", 30, 0, 86400);
+    c->read_timeout_s = (int) opt_int(o, "read-timeout", 10, 1, 86400);
     c->lock_file = opt_str(o, "lock-file", NULL);   // the stage ignores it
     log_set_level(parse_log_level(opt_str(o, "log-level", "info")));
 }
@@ -718,8 +719,8 @@ static void usage(FILE *f) {
           "             [--max-batch-tokens 512] [--max-seqs 64]\n"
           "             [--max-queue 1024] [--block-size 16]\n"
           "             [--kv-cache-mb 1024] [--no-prefix-cache]\n"
-          "             [--drain-timeout 30] [--log-level info]\n"
-          "             [--lock-file PATH]\n"
+          "             [--drain-timeout 30] [--read-timeout 10]\n"
+          "             [--log-level info] [--lock-file PATH]\n"
           "  stage      thinker --ipc-fd N --stats-fd N [serve options]\n"
           "             (started by serve, not by hand)\n"
           "  client     --socket PATH --prompt TEXT [--chat] [--model NAME]\n"

@@ -37,6 +37,8 @@ typedef struct {
     bool        prefix_cache;       // default on
     int         drain_s;            // on SIGTERM, wait this long for
                                     //   requests in flight (default 30)
+    int         read_timeout_s;     // a connection's one frame must be
+                                    //   in within this (default 10)
     const char *lock_file;          // NULL: none; else the frontend holds
                                     //   an fcntl write lock on it while it
                                     //   lives (one engine per lock file)

@@ -40,7 +40,7 @@ sub error_is {
     ok($r->{eof}, "$name: connection closed");
 }
 
-my $srv = serve_start();
+my $srv = serve_start(args => ['--read-timeout', 2]);
 
 # --- control replies ------------------------------------------------------
 {
@@ -152,6 +152,25 @@ my $srv = serve_start();
        'metrics: 400s counted');
     is($m->{'omni_engine_request_errors_total{status="404",code='
             . '"model_not_found"}'}, 1, 'metrics: the 404 counted');
+}
+
+# --- read timeout: a connection that never sends its frame -----------------
+{
+    my $t0 = time;
+    my $r = send_raw($srv, '', timeout => 10);
+    my $dt = time - $t0;
+    error_is($r, 408, 'request_timeout', 'silent connection');
+    like($r->{error}{message} // '', qr/within 2 s/,
+         'silent connection: message names the timeout');
+    ok($dt >= 1.8 && $dt < 6, sprintf('silent connection: closed after '
+                                      . '%.1f s (--read-timeout 2)', $dt));
+    $r = send_raw($srv, substr(frame($F{REQUEST}, '{"prompt":"x"}'), 0, 5),
+                  timeout => 10);
+    error_is($r, 408, 'request_timeout', 'half a header, then silence');
+    $r = request($srv, { prompt => $PROMPT, max_tokens => 4 });
+    ok_reply($r, 'a request after the timeouts');
+    like(slurp($srv->{log}), qr/no complete request frame within 2 s/,
+         'read timeout logged');
 }
 
 # --- cancel: a client that closes early -----------------------------------
