@@ -8,21 +8,11 @@
  *   3. a walk over the tree that checks every field we know and copies what
  *      it keeps (strings, the message array) into the request's arena.
  *
- * Why the pre-scan. yajl 2.1 has no nesting limit and yajl_tree_free
- * recurses, so a deep enough array (a million levels, 2 MB of "[]") parses
- * fine and then overflows the stack when its tree is freed; we refuse more
- * than REQ_MAX_DEPTH levels first.
- * A tree node costs one or two mallocs (~50-90 bytes) for as little as two
- * input bytes ("1,"), so a 16 MiB body of small numbers would take ~700 MB;
- * counting the structural characters bounds the tree at REQ_MAX_NODES
- * nodes (~25 MB) whatever the input. The scan also refuses what the tree API
- * cannot represent or yajl lets through although JSON forbids it: a raw NUL
- * byte (yajl_tree_parse takes a C string and would stop there, accepting a
- * valid prefix), "\u0000" (the tree's strings are NUL-terminated without a
- * length, so the text would be cut silently), and comments
- * (yajl_tree_parse turns yajl_allow_comments on). Rejected alternative:
- * yajl's event API with our own stack -- more code than the tree walk, for
- * a parse that is small next to one forward pass.
+ * Why the pre-scan: yajl 2.1 sets no bound on nesting or tree size and
+ * lets NUL bytes, "\u0000" and comments through (json_scan.h has the
+ * details, shared with the nginx module). Rejected alternative: yajl's
+ * event API with our own stack -- more code than the tree walk, for a
+ * parse that is small next to one forward pass.
  *
  * Checks go field by field in a fixed order, not in the order of the keys,
  * so the same body always reports the same first error. A key given twice
@@ -44,6 +34,7 @@
 
 #include <yajl/yajl_tree.h>
 
+#include "json_scan.h"
 #include "request.h"
 
 #define REQ_MAX_DEPTH   64          // nesting levels; ours use 5
@@ -152,64 +143,27 @@ static int fail_type(Parser *p, const char *param, const char *want,
 
 /* ---- pre-scan ---- */
 
-/* Walks the raw bytes once, tracking strings the way the JSON lexer does,
- * and refuses NUL bytes, "\u0000", comments, nesting deeper than
- * REQ_MAX_DEPTH and more than REQ_MAX_NODES nodes. Brackets that do not
- * match are yajl's to report. O(len), no allocation. */
+/* The bounds of json_scan.h, as 400 errors. */
 static int prescan(Parser *p, const char *s, size_t len) {
-    size_t nodes = 0;
-    int    depth = 0;
-    bool   in_str = false, esc = false;
+    size_t at = 0;
 
-    for (size_t i = 0; i < len; i++) {
-        char c = s[i];
-
-        if (c == '\0') {
-            return fail(p, "", BAD_JSON ": NUL byte at offset %zu", i);
-        }
-        if (in_str) {
-            if (esc) {
-                esc = false;
-                if (c == 'u' && len - i > 4
-                    && memcmp(s + i + 1, "0000", 4) == 0) {
-                    return fail(p, "", "strings may not contain U+0000");
-                }
-            } else if (c == '\\') {
-                esc = true;
-            } else if (c == '"') {
-                in_str = false;
-            }
-            continue;
-        }
-        switch (c) {
-        case '/':
-            return fail(p, "", BAD_JSON ": comments are not JSON");
-        case '[':
-        case '{':
-            if (++depth > REQ_MAX_DEPTH) {
-                return fail(p, "", "request JSON nests deeper than %d levels",
-                            REQ_MAX_DEPTH);
-            }
-            break;
-        case ']':
-        case '}':
-            depth--;
-            continue;
-        case '"':
-            in_str = true;
-            break;
-        case ',':
-        case ':':
-            break;
-        default:
-            continue;
-        }
-        if (++nodes > REQ_MAX_NODES) {
-            return fail(p, "", "request JSON has more than %d values",
-                        REQ_MAX_NODES);
-        }
+    switch (omni_json_scan(s, len, REQ_MAX_DEPTH, REQ_MAX_NODES, &at)) {
+    case OMNI_JSON_OK:
+        return 0;
+    case OMNI_JSON_NUL:
+        return fail(p, "", BAD_JSON ": NUL byte at offset %zu", at);
+    case OMNI_JSON_U0000:
+        return fail(p, "", "strings may not contain U+0000");
+    case OMNI_JSON_COMMENT:
+        return fail(p, "", BAD_JSON ": comments are not JSON");
+    case OMNI_JSON_DEEP:
+        return fail(p, "", "request JSON nests deeper than %d levels",
+                    REQ_MAX_DEPTH);
+    case OMNI_JSON_NODES:
+        return fail(p, "", "request JSON has more than %d values",
+                    REQ_MAX_NODES);
     }
-    return 0;
+    return fail(p, "", BAD_JSON);
 }
 
 

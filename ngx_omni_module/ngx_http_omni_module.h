@@ -35,6 +35,7 @@
 #include <yajl/yajl_gen.h>
 #include <yajl/yajl_tree.h>
 
+#include "json_scan.h"
 #include "omni_proto.h"
 
 

@@ -176,95 +176,44 @@ ngx_http_omni_parse(ngx_http_request_t *r, ngx_http_omni_endpoint_e endpoint,
 
 
 /*
- * One pass over the raw bytes, tracking strings as the JSON lexer does.
- * Refuses a NUL byte (yajl_tree_parse takes a C string and would accept
- * the prefix before it), "\u0000" (tree strings carry no length), comments
- * (yajl_tree_parse allows them), nesting deeper than
- * NGX_HTTP_OMNI_MAX_DEPTH (yajl_tree_free recurses) and more than
- * NGX_HTTP_OMNI_MAX_NODES values (a tree node costs ~50-90 bytes for as
- * little as two input bytes). Unbalanced brackets are yajl's to report.
- * Returns NULL, or why; *syntax is set when the body is not JSON at all.
+ * The bounds of json_scan.h (shared with the engine), in the words of our
+ * errors. Returns NULL, or why; *syntax is set when the body is not JSON
+ * at all.
  */
 
 char *
 ngx_http_omni_prescan(u_char *p, size_t len, ngx_uint_t *syntax)
 {
-    u_char      c;
-    size_t      i, nodes;
-    ngx_int_t   depth;
-    ngx_uint_t  in_str, esc;
+    size_t  at;
 
-    nodes = 0;
-    depth = 0;
-    in_str = 0;
-    esc = 0;
     *syntax = 1;
 
-    for (i = 0; i < len; i++) {
-        c = p[i];
+    switch (omni_json_scan((const char *) p, len, NGX_HTTP_OMNI_MAX_DEPTH,
+                           NGX_HTTP_OMNI_MAX_NODES, &at))
+    {
+    case OMNI_JSON_OK:
+        return NULL;
 
-        if (c == '\0') {
-            return "a NUL byte";
-        }
+    case OMNI_JSON_NUL:
+        return "a NUL byte";
 
-        if (in_str) {
-            if (esc) {
-                esc = 0;
+    case OMNI_JSON_COMMENT:
+        return "comments are not JSON";
 
-                if (c == 'u' && len - i > 4
-                    && ngx_strncmp(&p[i + 1], "0000", 4) == 0)
-                {
-                    *syntax = 0;
-                    return "Strings in the request may not contain U+0000.";
-                }
+    case OMNI_JSON_U0000:
+        *syntax = 0;
+        return "Strings in the request may not contain U+0000.";
 
-            } else if (c == '\\') {
-                esc = 1;
+    case OMNI_JSON_DEEP:
+        *syntax = 0;
+        return "The request JSON nests deeper than 64 levels.";
 
-            } else if (c == '"') {
-                in_str = 0;
-            }
-
-            continue;
-        }
-
-        switch (c) {
-
-        case '/':
-            return "comments are not JSON";
-
-        case '[':
-        case '{':
-            if (++depth > NGX_HTTP_OMNI_MAX_DEPTH) {
-                *syntax = 0;
-                return "The request JSON nests deeper than 64 levels.";
-            }
-            break;
-
-        case ']':
-        case '}':
-            depth--;
-            continue;
-
-        case '"':
-            in_str = 1;
-            break;
-
-        case ',':
-        case ':':
-            break;
-
-        default:
-            continue;
-        }
-
-        if (++nodes > NGX_HTTP_OMNI_MAX_NODES) {
-            *syntax = 0;
-            return "The request JSON has more than 262144 values.";
-        }
+    case OMNI_JSON_NODES:
+        *syntax = 0;
+        return "The request JSON has more than 262144 values.";
     }
 
-    return NULL;
+    return "not JSON";
 }
 
 
