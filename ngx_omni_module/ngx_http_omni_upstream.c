@@ -55,6 +55,9 @@ static ngx_int_t ngx_http_omni_metrics_reply(ngx_http_request_t *r,
 static ngx_int_t ngx_http_omni_reply(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, ngx_uint_t status, ngx_str_t *type,
     ngx_chain_t *body);
+static ngx_int_t ngx_http_omni_reply_buf(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_uint_t status, ngx_str_t *type,
+    ngx_buf_t *b);
 static ngx_int_t ngx_http_omni_reply_error(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, ngx_http_omni_error_t *err);
 static ngx_int_t ngx_http_omni_invalid_frame(ngx_http_request_t *r,
@@ -324,7 +327,6 @@ ngx_http_omni_header_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_buf_t              *b;
     ngx_int_t               rc;
     ngx_uint_t              request;
-    ngx_chain_t            *cl;
     ngx_http_omni_error_t   err;
 
     ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
@@ -360,21 +362,9 @@ ngx_http_omni_header_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 
         ctx->done = 1;
 
-        b = ngx_http_omni_completion_json(r, ctx);
-        if (b == NULL) {
-            return NGX_ERROR;
-        }
-
-        cl = ngx_alloc_chain_link(r->pool);
-        if (cl == NULL) {
-            return NGX_ERROR;
-        }
-
-        cl->buf = b;
-        cl->next = NULL;
-
-        return ngx_http_omni_reply(r, ctx, NGX_HTTP_OK,
-                                   &ngx_http_omni_json_type, cl);
+        return ngx_http_omni_reply_buf(r, ctx, NGX_HTTP_OK,
+                                       &ngx_http_omni_json_type,
+                                       ngx_http_omni_completion_json(r, ctx));
 
     case OMNI_F_ERROR:
         if (ngx_http_omni_engine_error(payload->data, payload->len, &err)
@@ -411,16 +401,8 @@ ngx_http_omni_header_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
             return ngx_http_omni_invalid_frame(r, ctx, "MODELS_R");
         }
 
-        cl = ngx_alloc_chain_link(r->pool);
-        if (cl == NULL) {
-            return NGX_ERROR;
-        }
-
-        cl->buf = b;
-        cl->next = NULL;
-
-        return ngx_http_omni_reply(r, ctx, NGX_HTTP_OK,
-                                   &ngx_http_omni_json_type, cl);
+        return ngx_http_omni_reply_buf(r, ctx, NGX_HTTP_OK,
+                                       &ngx_http_omni_json_type, b);
 
     case OMNI_F_HEALTH_R:
         if (ctx->endpoint != NGX_HTTP_OMNI_HEALTH) {
@@ -504,34 +486,21 @@ static ngx_int_t
 ngx_http_omni_health_reply(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_str_t *payload)
 {
-    ngx_buf_t    *b;
-    ngx_uint_t    status;
-    ngx_chain_t  *cl;
+    ngx_uint_t  ok;
 
     if (payload->len < 2) {
         return ngx_http_omni_invalid_frame(r, ctx, "HEALTH_R");
     }
 
-    status = omni_rd16(payload->data);
+    ok = omni_rd16(payload->data) == NGX_HTTP_OK;
 
-    b = ngx_http_omni_health_json(r, status == NGX_HTTP_OK,
-                                  payload->data + 2, payload->len - 2);
-    if (b == NULL) {
-        return NGX_ERROR;
-    }
-
-    cl = ngx_alloc_chain_link(r->pool);
-    if (cl == NULL) {
-        return NGX_ERROR;
-    }
-
-    cl->buf = b;
-    cl->next = NULL;
-
-    return ngx_http_omni_reply(r, ctx,
-                               status == NGX_HTTP_OK
-                               ? NGX_HTTP_OK : NGX_HTTP_SERVICE_UNAVAILABLE,
-                               &ngx_http_omni_json_type, cl);
+    return ngx_http_omni_reply_buf(r, ctx,
+                                   ok ? NGX_HTTP_OK
+                                      : NGX_HTTP_SERVICE_UNAVAILABLE,
+                                   &ngx_http_omni_json_type,
+                                   ngx_http_omni_health_json(r, ok,
+                                                             payload->data + 2,
+                                                             payload->len - 2));
 }
 
 
@@ -626,14 +595,14 @@ ngx_http_omni_reply(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 }
 
 
+/* The reply of one buffer b; b NULL (out of memory) is NGX_ERROR. */
+
 static ngx_int_t
-ngx_http_omni_reply_error(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
-    ngx_http_omni_error_t *err)
+ngx_http_omni_reply_buf(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
+    ngx_uint_t status, ngx_str_t *type, ngx_buf_t *b)
 {
-    ngx_buf_t    *b;
     ngx_chain_t  *cl;
 
-    b = ngx_http_omni_error_json(r, err);
     if (b == NULL) {
         return NGX_ERROR;
     }
@@ -646,8 +615,17 @@ ngx_http_omni_reply_error(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     cl->buf = b;
     cl->next = NULL;
 
-    return ngx_http_omni_reply(r, ctx, err->status, &ngx_http_omni_json_type,
-                               cl);
+    return ngx_http_omni_reply(r, ctx, status, type, cl);
+}
+
+
+static ngx_int_t
+ngx_http_omni_reply_error(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
+    ngx_http_omni_error_t *err)
+{
+    return ngx_http_omni_reply_buf(r, ctx, err->status,
+                                   &ngx_http_omni_json_type,
+                                   ngx_http_omni_error_json(r, err));
 }
 
 
