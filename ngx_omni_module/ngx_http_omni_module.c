@@ -53,6 +53,8 @@ static char *ngx_http_omni_endpoint_slot(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_omni_api_keys(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
+static ngx_http_core_loc_conf_t *ngx_http_omni_enable(ngx_conf_t *cf,
+    ngx_http_omni_loc_conf_t *olcf);
 static char *ngx_http_omni_read_keys(ngx_conf_t *cf,
     ngx_http_omni_loc_conf_t *olcf);
 
@@ -876,18 +878,13 @@ ngx_http_omni_pass(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         return NGX_CONF_ERROR;
     }
 
-    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
-
-    clcf->handler = ngx_http_omni_handler;
+    clcf = ngx_http_omni_enable(cf, olcf);
+    if (clcf == NULL) {
+        return NGX_CONF_ERROR;
+    }
 
     if (clcf->name.len && clcf->name.data[clcf->name.len - 1] == '/') {
         clcf->auto_redirect = 1;
-    }
-
-    olcf->enabled = 1;
-
-    if (ngx_http_omni_metrics_add_zone(cf) != NGX_OK) {
-        return NGX_CONF_ERROR;
     }
 
     return NGX_CONF_OK;
@@ -901,13 +898,23 @@ ngx_http_omni_endpoint_slot(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
     ngx_http_omni_loc_conf_t *olcf = conf;
 
-    ngx_http_core_loc_conf_t  *clcf;
-
     if (olcf->handler != NGX_HTTP_OMNI_ENDPOINTS) {
         return "is duplicate";
     }
 
     olcf->handler = (ngx_http_omni_endpoint_e) cmd->offset;
+
+    return ngx_http_omni_enable(cf, olcf) ? NGX_CONF_OK : NGX_CONF_ERROR;
+}
+
+
+/* The location is ours: our content handler, and the shared counters its
+ * requests count into. Returns the core location conf, NULL on error. */
+
+static ngx_http_core_loc_conf_t *
+ngx_http_omni_enable(ngx_conf_t *cf, ngx_http_omni_loc_conf_t *olcf)
+{
+    ngx_http_core_loc_conf_t  *clcf;
 
     clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
 
@@ -916,10 +923,10 @@ ngx_http_omni_endpoint_slot(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     olcf->enabled = 1;
 
     if (ngx_http_omni_metrics_add_zone(cf) != NGX_OK) {
-        return NGX_CONF_ERROR;
+        return NULL;
     }
 
-    return NGX_CONF_OK;
+    return clcf;
 }
 
 
