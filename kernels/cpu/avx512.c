@@ -556,6 +556,9 @@ INLINE void tile_any(const int T, int64_t k, int64_t k0, int64_t k1, int mr,
  * panel): 4 rows 118-131 -> 168-252 GMAC/s (the read bandwidth, as for one
  * row), 16 rows 204-268 -> 292-371, 512 rows 322-411 -> 404-553. Every
  * output runs the one tile body, so the bits are those of any shape. */
+/* A tile's park slots when there are blocks of k (pk not NULL). */
+#define PARK_AT(pk, i)  ((pk) != NULL ? (pk) + (i) / X_MR * PARK_TILE : NULL)
+
 INLINE void stream_rows(const int T, const int NR, int64_t k, int64_t k0,
                         int64_t k1, int mr, const char *x, size_t ldx,
                         const char *w, size_t ldw, float *out, size_t ldo,
@@ -568,19 +571,19 @@ INLINE void stream_rows(const int T, const int NR, int64_t k, int64_t k0,
 
     for (; i + X_MR <= mr; i += X_MR) {
         tile(T, X_MR, NR, k, k0, k1, x + i * ldx, ldx, w, ldw, out + i * ldo,
-             ldo, pk + i / X_MR * PARK_TILE, i == 0 ? pf : NULL);
+             ldo, PARK_AT(pk, i), i == 0 ? pf : NULL);
     }
     switch (mr - i) {                   /* X_MR - 1 cases */
     case 3: tile(T, 3, NR, k, k0, k1, x + i * ldx, ldx, w, ldw,
-                 out + i * ldo, ldo, pk + i / X_MR * PARK_TILE,
+                 out + i * ldo, ldo, PARK_AT(pk, i),
                  i == 0 ? pf : NULL);
             break;
     case 2: tile(T, 2, NR, k, k0, k1, x + i * ldx, ldx, w, ldw,
-                 out + i * ldo, ldo, pk + i / X_MR * PARK_TILE,
+                 out + i * ldo, ldo, PARK_AT(pk, i),
                  i == 0 ? pf : NULL);
             break;
     case 1: tile(T, 1, NR, k, k0, k1, x + i * ldx, ldx, w, ldw,
-                 out + i * ldo, ldo, pk + i / X_MR * PARK_TILE,
+                 out + i * ldo, ldo, PARK_AT(pk, i),
                  i == 0 ? pf : NULL);
             break;
     }
@@ -613,12 +616,14 @@ INLINE void gemm_stream(const int T, int64_t k, int mr, int nr,
                 for (int64_t k0 = 0; k0 < k; k0 += X_KB) {
                     int64_t k1 = k - k0 <= X_KB ? k : k0 + X_KB;
 
+                    __m512 *pk = k > X_KB ? park : NULL;
+
                     if (n == X_NR) {
                         stream_rows(T, X_NR, k, k0, k1, m, xi, ldx, wj, ldw,
-                                    oi + j, ldo, park);
+                                    oi + j, ldo, pk);
                     } else {
                         stream_rows(T, 1, k, k0, k1, m, xi, ldx, wj, ldw,
-                                    oi + j + r, ldo, park);
+                                    oi + j + r, ldo, pk);
                     }
                 }
             }
