@@ -550,12 +550,12 @@ INLINE void tile_any(const int T, int64_t k, int64_t k0, int64_t k1, int mr,
  * a time, whole k, against every row of a block of activations that fits
  * in L2 (X_BLOCK), in (X_MR x X_NR) tiles. The weight rows come from memory
  * once per block, front to back, and serve the block's other tiles from
- * L1, while the first tile prefetches the next X_NR rows; no accumulators
- * are parked. Measured on the 1B shapes, 2 threads, weights from DRAM,
- * against the panels above (each 4-row tile of activations re-reading the
- * panel): 4 rows 118-131 -> 168-252 GMAC/s (the read bandwidth, as for one
- * row), 16 rows 204-268 -> 292-371, 512 rows 322-411 -> 404-553. Every
- * output runs the one tile body, so the bits are those of any shape. */
+ * L1, while the tiles prefetch the next X_NR rows. Measured on the 1B
+ * shapes, 2 threads, weights from DRAM, against the panels above (each
+ * 4-row tile of activations re-reading the panel): 4 rows 118-131 ->
+ * 155-221 GMAC/s (the read bandwidth, as for one row), 16 rows 204-268 ->
+ * 329-459, 512 rows 322-411 -> 456-553. Every output runs the one tile
+ * body, so the bits are those of any shape. */
 /* A tile's park slots when there are blocks of k (pk not NULL). */
 #define PARK_AT(pk, i)  ((pk) != NULL ? (pk) + (i) / X_MR * PARK_TILE : NULL)
 
@@ -564,27 +564,30 @@ INLINE void stream_rows(const int T, const int NR, int64_t k, int64_t k0,
                         const char *w, size_t ldw, float *out, size_t ldo,
                         __m512 *pk)
 {
-    /* the next rows, fetched while the first tile computes: the hardware
-       prefetcher alone held NR rows side by side to ~20 GB/s */
+    /* the next rows, fetched while these compute: the hardware prefetcher
+       alone held NR rows side by side to ~20 GB/s. Every tile asks, not
+       only the first: requests the first could not keep in flight are
+       asked again (16 rows: 336-365 -> 404-459 GMAC/s; fetching two row
+       sets ahead was slower) */
     const char *pf = w + NR * ldw;
     int         i = 0;
 
     for (; i + X_MR <= mr; i += X_MR) {
         tile(T, X_MR, NR, k, k0, k1, x + i * ldx, ldx, w, ldw, out + i * ldo,
-             ldo, PARK_AT(pk, i), i == 0 ? pf : NULL);
+             ldo, PARK_AT(pk, i), pf);
     }
     switch (mr - i) {                   /* X_MR - 1 cases */
     case 3: tile(T, 3, NR, k, k0, k1, x + i * ldx, ldx, w, ldw,
                  out + i * ldo, ldo, PARK_AT(pk, i),
-                 i == 0 ? pf : NULL);
+                 pf);
             break;
     case 2: tile(T, 2, NR, k, k0, k1, x + i * ldx, ldx, w, ldw,
                  out + i * ldo, ldo, PARK_AT(pk, i),
-                 i == 0 ? pf : NULL);
+                 pf);
             break;
     case 1: tile(T, 1, NR, k, k0, k1, x + i * ldx, ldx, w, ldw,
                  out + i * ldo, ldo, PARK_AT(pk, i),
-                 i == 0 ? pf : NULL);
+                 pf);
             break;
     }
 }
