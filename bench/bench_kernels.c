@@ -14,8 +14,9 @@
  * and is the figure to hold against the bandwidth roofline; "hot" repeats
  * one matrix, which is what llama.cpp's test-backend-ops perf measures.
  * Batched decode, cold: n = 4 in GB/s (four sequences should cost what one
- * does), n = 16 in GFLOP/s. For n = 512 (prefill) it prints GFLOP/s. Matrices are first given to the
- * backend's repack, as a model loaded into memory is. Times are medians of
+ * does), n = 16 in GFLOP/s. For n = 512 (prefill) it prints GFLOP/s.
+ * Matrices are first given to the backend's repack, as a model loaded into
+ * memory is. Times are medians of
  * reps runs after a warm-up; the spread (min..max) is printed so noise is
  * visible.
  * Benchmarks report, never assert. */
@@ -192,7 +193,7 @@ static void bench_type(Backend *be, DType t, float *x, float *out, int reps) {
                cold.med * 1e6, (double) bytes / cold.med / 1e9,
                (double) bytes / cold.max / 1e9, (double) bytes / cold.min / 1e9,
                (double) bytes / hot.med / 1e9, (double) bytes / b4.med / 1e9,
-               flop / 32.0 / b16.med / 1e9, big.med * 1e3,
+               flop / 512 * 16 / b16.med / 1e9, big.med * 1e3,
                flop / big.med / 1e9, flop / big.max / 1e9,
                flop / big.min / 1e9);
         fflush(stdout);

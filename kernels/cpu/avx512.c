@@ -546,6 +546,9 @@ INLINE void tile_any(const int T, int64_t k, int64_t k0, int64_t k1, int mr,
     }
 }
 
+/* A tile's park slots when there are blocks of k (pk not NULL). */
+#define PARK_AT(pk, i)  ((pk) != NULL ? (pk) + (i) / X_MR * PARK_TILE : NULL)
+
 /* Repacked q types with more than one activation row: X_NR weight rows at
  * a time, whole k, against every row of a block of activations that fits
  * in L2 (X_BLOCK), in (X_MR x X_NR) tiles. The weight rows come from memory
@@ -556,9 +559,6 @@ INLINE void tile_any(const int T, int64_t k, int64_t k0, int64_t k1, int mr,
  * 155-221 GMAC/s (the read bandwidth, as for one row), 16 rows 204-268 ->
  * 329-459, 512 rows 322-411 -> 456-553. Every output runs the one tile
  * body, so the bits are those of any shape. */
-/* A tile's park slots when there are blocks of k (pk not NULL). */
-#define PARK_AT(pk, i)  ((pk) != NULL ? (pk) + (i) / X_MR * PARK_TILE : NULL)
-
 INLINE void stream_rows(const int T, const int NR, int64_t k, int64_t k0,
                         int64_t k1, int mr, const char *x, size_t ldx,
                         const char *w, size_t ldw, float *out, size_t ldo,
@@ -578,16 +578,13 @@ INLINE void stream_rows(const int T, const int NR, int64_t k, int64_t k0,
     }
     switch (mr - i) {                   /* X_MR - 1 cases */
     case 3: tile(T, 3, NR, k, k0, k1, x + i * ldx, ldx, w, ldw,
-                 out + i * ldo, ldo, PARK_AT(pk, i),
-                 pf);
+                 out + i * ldo, ldo, PARK_AT(pk, i), pf);
             break;
     case 2: tile(T, 2, NR, k, k0, k1, x + i * ldx, ldx, w, ldw,
-                 out + i * ldo, ldo, PARK_AT(pk, i),
-                 pf);
+                 out + i * ldo, ldo, PARK_AT(pk, i), pf);
             break;
     case 1: tile(T, 1, NR, k, k0, k1, x + i * ldx, ldx, w, ldw,
-                 out + i * ldo, ldo, PARK_AT(pk, i),
-                 pf);
+                 out + i * ldo, ldo, PARK_AT(pk, i), pf);
             break;
     }
 }
@@ -600,34 +597,34 @@ INLINE void gemm_stream(const int T, int64_t k, int mr, int nr,
                         const char *x, size_t ldx, const char *w, size_t ldw,
                         float *out, size_t ldo)
 {
-    __m512 park[X_PARK_ROWS / X_MR * PARK_TILE];
-    int    xb = (int) (X_BLOCK / ldx) / X_MR * X_MR;
+    __m512  park[X_PARK_ROWS / X_MR * PARK_TILE];
+    __m512 *pk = k > X_KB ? park : NULL;
+    int     xb = (int) (X_BLOCK / ldx) / X_MR * X_MR;
 
     xb = xb < X_MR ? X_MR : xb;
-    xb = k > X_KB && xb > X_PARK_ROWS ? X_PARK_ROWS : xb;
+    xb = pk != NULL && xb > X_PARK_ROWS ? X_PARK_ROWS : xb;
     for (int i0 = 0; i0 < mr; i0 += xb) {
         int         m = mr - i0 < xb ? mr - i0 : xb;
         const char *xi = x + (size_t) i0 * ldx;
         float      *oi = out + (size_t) i0 * ldo;
 
         for (int j = 0; j < nr; j += X_NR) {
-            int n = nr - j < X_NR ? 1 : X_NR;   /* 1: the last rows, apart */
+            const char *wj = w + (size_t) j * ldw;
 
-            for (int r = 0; r < X_NR && j + r < nr; r += n) {
-                const char *wj = w + (size_t) (j + r) * ldw;
+            for (int64_t k0 = 0; k0 < k; k0 += X_KB) {
+                int64_t k1 = k - k0 <= X_KB ? k : k0 + X_KB;
 
-                for (int64_t k0 = 0; k0 < k; k0 += X_KB) {
-                    int64_t k1 = k - k0 <= X_KB ? k : k0 + X_KB;
-
-                    __m512 *pk = k > X_KB ? park : NULL;
-
-                    if (n == X_NR) {
-                        stream_rows(T, X_NR, k, k0, k1, m, xi, ldx, wj, ldw,
-                                    oi + j, ldo, pk);
-                    } else {
-                        stream_rows(T, 1, k, k0, k1, m, xi, ldx, wj, ldw,
-                                    oi + j + r, ldo, pk);
-                    }
+                if (nr - j >= X_NR) {
+                    stream_rows(T, X_NR, k, k0, k1, m, xi, ldx, wj, ldw,
+                                oi + j, ldo, pk);
+                    continue;
+                }
+                /* the last rows one at a time, each in its own park
+                   slots, as tile_any's 1x1 pieces */
+                for (int r = 0; r < nr - j; r++) {
+                    stream_rows(T, 1, k, k0, k1, m, xi, ldx,
+                                wj + (size_t) r * ldw, ldw, oi + j + r, ldo,
+                                pk != NULL ? pk + PARK(r, 0, 0) : NULL);
                 }
             }
         }
