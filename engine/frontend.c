@@ -146,6 +146,7 @@ typedef struct {
     double       restart_at;
     double       gone_kill_at;  // INFINITY when not armed
     char         model_id[256]; // served name (READY's id wins)
+    char         kernels[16];   // the stage's kernel set (READY's)
     int64_t      max_model_len;
     long long    created;       // unix time the frontend started
 
@@ -438,6 +439,8 @@ static void reply_metrics(Frontend *fe, Conn *c) {
     MetricsGauges g;
     int           rc = -1;
 
+    g.model = fe->model_id;
+    g.kernels = fe->kernels;
     g.stage_ready = fe->st == STAGE_READY;
     g.connections = fe->n_conns;
     g.rss_frontend = metrics_rss(0);
@@ -667,9 +670,10 @@ static void on_event(Frontend *fe, const uint8_t *p, size_t len) {
 
 static void on_ready(Frontend *fe, const uint8_t *p, size_t len) {
     char      *s = malloc(len + 1);
-    yajl_val   v, id, n;
+    yajl_val   v, id, n, k;
     const char *idp[] = { "id", NULL };
     const char *np[] = { "max_model_len", NULL };
+    const char *kp[] = { "kernels", NULL };
 
     if (s == NULL) return;
     memcpy(s, p, len);
@@ -678,6 +682,10 @@ static void on_ready(Frontend *fe, const uint8_t *p, size_t len) {
     free(s);
     id = yajl_tree_get(v, idp, yajl_t_string);
     n = yajl_tree_get(v, np, yajl_t_number);
+    k = yajl_tree_get(v, kp, yajl_t_string);
+    if (k != NULL) {
+        snprintf(fe->kernels, sizeof(fe->kernels), "%s", YAJL_GET_STRING(k));
+    }
     if (id != NULL) {
         snprintf(fe->model_id, sizeof(fe->model_id), "%s",
                  YAJL_GET_STRING(id));
@@ -691,7 +699,8 @@ static void on_ready(Frontend *fe, const uint8_t *p, size_t len) {
     fe->ready_at = clock_now_s();
     fe->sp.fails = 0;
     log_msg(LOG_INFO, "thinker stage (pid %d) ready: model %s, context %"
-            PRId64, (int) fe->sp.pid, fe->model_id, fe->max_model_len);
+            PRId64 ", kernels %s", (int) fe->sp.pid, fe->model_id,
+            fe->max_model_len, fe->kernels);
 }
 
 static void on_started(Frontend *fe, const uint8_t *p, size_t len) {

@@ -270,6 +270,21 @@ static char *render_chat(const Model *m, const char *system, const char *user)
     return buf;
 }
 
+/* --isa, else OMNI_ISA (so a whole test run can force a kernel set), else
+ * auto. */
+static const char *isa_option(const Opts *o) {
+    static const char *isas[] = { "auto", "avx512", "avx2", "ref" };
+    const char        *env = getenv("OMNI_ISA");
+    const char        *s = opt_str(o, "isa", env != NULL && env[0] != '\0'
+                                             ? env : "auto");
+
+    for (size_t i = 0; i < sizeof(isas) / sizeof(isas[0]); i++) {
+        if (strcmp(s, isas[i]) == 0) return s;
+    }
+    die("option '--isa' (or OMNI_ISA) must be auto, avx512, avx2 or ref, "
+        "not '%s'", s);
+}
+
 /* The backend for m, which may then rearrange m's weights for itself. */
 static Backend *make_backend(const Opts *o, Model *m, int64_t n_ctx,
                              int64_t batch)
@@ -280,7 +295,7 @@ static Backend *make_backend(const Opts *o, Model *m, int64_t n_ctx,
     int64_t       wide = m->c.ffn_dim > m->c.dim ? m->c.ffn_dim : m->c.dim;
 
     cfg.n_threads = (int) opt_int(o, "threads", 0, 0, 1024);
-    cfg.isa = opt_str(o, "isa", "auto");
+    cfg.isa = isa_option(o);
     cfg.max_tokens = batch;
     cfg.max_cols = wide > (int64_t) m->c.n_heads * m->c.head_dim
                    ? wide : (int64_t) m->c.n_heads * m->c.head_dim;
@@ -540,15 +555,6 @@ static const char *default_name(const char *path, char *buf, size_t cap) {
     return buf;
 }
 
-static const char *parse_isa(const char *s) {
-    static const char *isas[] = { "auto", "avx512", "avx2", "ref" };
-
-    for (size_t i = 0; i < sizeof(isas) / sizeof(isas[0]); i++) {
-        if (strcmp(s, isas[i]) == 0) return s;
-    }
-    die("option '--isa' must be auto, avx512, avx2 or ref, not '%s'", s);
-}
-
 static LogLevel parse_log_level(const char *s) {
     static const char *names[] = { "debug", "info", "warn", "error" };
 
@@ -570,7 +576,7 @@ static void read_serve(const Opts *o, ServeConfig *c, char *name, size_t cap)
     if (mn != NULL && mn[0] == '\0') die("option '--model-name' is empty");
     c->model_name = mn != NULL ? mn : default_name(c->model_path, name, cap);
     c->threads = (int) opt_int(o, "threads", 0, 0, 1024);
-    c->isa = parse_isa(opt_str(o, "isa", "auto"));
+    c->isa = isa_option(o);
     c->mmap = opt_flag(o, "mmap");
     c->ctx = opt_int(o, "ctx", 0, 16, 1 << 20);
     c->max_seqs = (int) opt_int(o, "max-seqs", 64, 1, 4096);

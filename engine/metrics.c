@@ -270,6 +270,13 @@ static void render_outcomes(TextBuf *b, const Metrics *m) {
 void metrics_render(TextBuf *out, const Metrics *m, const OmniStats *stats,
                     const MetricsGauges *g)
 {
+    head(out, "info", "gauge", "The served model and the kernel set the "
+         "thinker chose (1).");
+    tb_printf(out, PFX "info{model=\"");
+    label_value(out, g->model);
+    tb_printf(out, "\",kernels=\"");
+    label_value(out, g->kernels);
+    tb_printf(out, "\"} 1\n");
     if (stats != NULL) render_stage(out, stats);
     render_outcomes(out, m);
     gauge(out, "stage_ready", "1 when the thinker stage is loaded and "

@@ -86,6 +86,9 @@ typedef struct {
 
 /* Values sampled at render time. */
 typedef struct {
+    const char *model;              // served model id
+    const char *kernels;            // the thinker's kernel set, "" until
+                                    //   its first READY
     bool    stage_ready;
     int64_t connections;            // open client connections
     int64_t rss_frontend;           // bytes, -1 when unknown

@@ -458,9 +458,10 @@ static int warm_up(Thinker *t, Err *err) {
     return 0;
 }
 
-/* READY: {"id": name, "max_model_len": ctx}, the name JSON-escaped. */
+/* READY: {"id": name, "max_model_len": ctx, "kernels": set}, the name
+ * JSON-escaped. */
 static int say_ready(Thinker *t, Err *err) {
-    char   buf[2 * sizeof(t->name) * 3 + 64];
+    char   buf[2 * sizeof(t->name) * 3 + 128];
     size_t n = 0;
 
     n += (size_t) snprintf(buf, sizeof(buf), "{\"id\":\"");
@@ -477,12 +478,14 @@ static int say_ready(Thinker *t, Err *err) {
         }
     }
     n += (size_t) snprintf(buf + n, sizeof(buf) - n,
-                           "\",\"max_model_len\":%" PRId64 "}", t->ctx);
+                           "\",\"max_model_len\":%" PRId64 ",\"kernels\":"
+                           "\"%s\"}", t->ctx, t->be->name);
     if (frame_put(&t->wr, OMNI_F_STAGE_READY, buf, n) != 0) {
         return err_set(err, "out of memory");
     }
     log_msg(LOG_INFO, "thinker: ready, serving \"%s\" with a context of %"
-            PRId64 " tokens", t->name, t->ctx);
+            PRId64 " tokens on the %s kernel set", t->name, t->ctx,
+            t->be->name);
     return 0;
 }
 

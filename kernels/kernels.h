@@ -148,6 +148,28 @@ typedef struct {
     int64_t     max_ctx;    // longest sequence attention reads
 } BackendConfig;
 
+/* x86-64 features the CPU kernel sets need, as bits. */
+enum {
+    CPU_AVX512F    = 1 << 0,
+    CPU_AVX512BW   = 1 << 1,
+    CPU_AVX512VL   = 1 << 2,
+    CPU_AVX512DQ   = 1 << 3,
+    CPU_AVX512VNNI = 1 << 4,
+    CPU_AVX2       = 1 << 5,
+    CPU_FMA        = 1 << 6,
+    CPU_F16C       = 1 << 7,
+};
+
+/* The features of the CPU this runs on (0 off x86-64). */
+unsigned cpu_features(void);
+
+/* The kernel set ("avx512", "avx2", "ref") that isa picks on a CPU with
+ * these features: "auto" (or NULL) the widest in this build the CPU runs,
+ * down to "ref"; a named set itself, or NULL with err set when the CPU
+ * lacks what it needs or the build does not have it. */
+const char *cpu_kernel_set(const char *isa, unsigned features, char *err,
+                           size_t errlen);
+
 /* Creates the CPU backend. Returns NULL with err set (errlen bytes) when the
  * CPU lacks the requested ISA or memory runs out. */
 Backend *backend_cpu_new(const BackendConfig *cfg, char *err, size_t errlen);

@@ -662,6 +662,12 @@ ngx_http_omni_read_body(ngx_http_request_t *r, ngx_str_t *body)
             continue;
         }
 
+        if (!b->in_file) {
+            /* a special buffer (last_buf, flush) carries no data: an
+             * empty or chunked body ends with one */
+            continue;
+        }
+
         size = b->file_last - b->file_pos;
 
         n = ngx_read_file(b->file, p, size, b->file_pos);

@@ -597,68 +597,80 @@ static void cpu_free(Backend *be) {
     free(be);
 }
 
-/* __builtin_cpu_supports takes only literals, hence the table. */
-static bool cpu_has(const char *f) {
-#if defined(__x86_64__)
-    static const char *const names[] = {
-        "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512vnni", "avx2",
-        "fma", "f16c",
-    };
-    bool on[] = {
-        __builtin_cpu_supports("avx512f"), __builtin_cpu_supports("avx512bw"),
-        __builtin_cpu_supports("avx512vl"), __builtin_cpu_supports("avx512dq"),
-        __builtin_cpu_supports("avx512vnni"), __builtin_cpu_supports("avx2"),
-        __builtin_cpu_supports("fma"), __builtin_cpu_supports("f16c"),
-    };
-
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-        if (strcmp(names[i], f) == 0) return on[i];
-    }
-#endif
-    (void) f;
-    return false;
-}
-
-/* Picks the kernel table: the requested one if this build has it and the
- * CPU runs it; "auto" takes the widest such. */
-static const CpuVec *pick_vec(const char *isa, char *err, size_t errlen) {
-    static const struct {
-        const char   *name;
-        const CpuVec *vec;
-        const char   *need[7];
-    } sets[] = {
+/* The kernel sets in the order "auto" tries them, widest first, with the
+ * CPU features each needs. The scalar set needs nothing, so "auto" always
+ * ends with one. */
+static const struct {
+    const char   *name;
+    const CpuVec *vec;
+    unsigned      need;
+} kernel_sets[] = {
 #ifdef OMNI_HAVE_AVX512
-        { "avx512", &cpu_vec_avx512, { "avx512f", "avx512bw", "avx512vl",
-          "avx512dq", "avx512vnni", "fma", "f16c" } },
+    { "avx512", &cpu_vec_avx512, CPU_AVX512F | CPU_AVX512BW | CPU_AVX512VL
+                                 | CPU_AVX512DQ | CPU_AVX512VNNI | CPU_AVX2
+                                 | CPU_FMA | CPU_F16C },
 #endif
 #ifdef OMNI_HAVE_AVX2
-        { "avx2", &cpu_vec_avx2, { "avx2", "fma", "f16c" } },
+    { "avx2", &cpu_vec_avx2, CPU_AVX2 | CPU_FMA | CPU_F16C },
 #endif
-        { "ref", &cpu_vec_ref, { NULL } },
-    };
+    { "ref", &cpu_vec_ref, 0 },
+};
+
+#define N_KERNEL_SETS (sizeof(kernel_sets) / sizeof(kernel_sets[0]))
+
+unsigned cpu_features(void) {
+    unsigned f = 0;
+
+#if defined(__x86_64__)
+    /* __builtin_cpu_supports takes only literals, hence one line each. */
+    __builtin_cpu_init();
+    f |= __builtin_cpu_supports("avx512f") ? CPU_AVX512F : 0;
+    f |= __builtin_cpu_supports("avx512bw") ? CPU_AVX512BW : 0;
+    f |= __builtin_cpu_supports("avx512vl") ? CPU_AVX512VL : 0;
+    f |= __builtin_cpu_supports("avx512dq") ? CPU_AVX512DQ : 0;
+    f |= __builtin_cpu_supports("avx512vnni") ? CPU_AVX512VNNI : 0;
+    f |= __builtin_cpu_supports("avx2") ? CPU_AVX2 : 0;
+    f |= __builtin_cpu_supports("fma") ? CPU_FMA : 0;
+    f |= __builtin_cpu_supports("f16c") ? CPU_F16C : 0;
+#endif
+    return f;
+}
+
+static int kernel_set_index(const char *isa, unsigned features, char *err,
+                            size_t errlen)
+{
     bool any = isa == NULL || strcmp(isa, "auto") == 0;
 
-    __builtin_cpu_init();
-    for (size_t i = 0; i < sizeof(sets) / sizeof(sets[0]); i++) {
-        bool ok = true;
+    for (size_t i = 0; i < N_KERNEL_SETS; i++) {
+        bool ok = (kernel_sets[i].need & ~features) == 0;
 
-        if (!any && strcmp(isa, sets[i].name) != 0) continue;
-        for (int f = 0; f < 7 && sets[i].need[f] != NULL; f++) {
-            ok = ok && cpu_has(sets[i].need[f]);
+        if (any) {
+            if (ok) return (int) i;
+            continue;
         }
-        if (ok) return sets[i].vec;
+        if (strcmp(isa, kernel_sets[i].name) != 0) continue;
+        if (ok) return (int) i;
         snprintf(err, errlen, "kernel set '%s' needs CPU features this CPU "
                  "lacks", isa);
-        return NULL;
+        return -1;
     }
-    snprintf(err, errlen, "kernel set '%s' is not in this build", isa);
-    return NULL;
+    snprintf(err, errlen, "kernel set '%s' is not in this build",
+             any ? "auto" : isa);
+    return -1;
+}
+
+const char *cpu_kernel_set(const char *isa, unsigned features, char *err,
+                           size_t errlen)
+{
+    int i = kernel_set_index(isa, features, err, errlen);
+
+    return i < 0 ? NULL : kernel_sets[i].name;
 }
 
 Backend *backend_cpu_new(const BackendConfig *cfg, char *err, size_t errlen) {
     Backend *be = calloc(1, sizeof(*be));
     CpuCtx  *c = calloc(1, sizeof(*c));
-    int      nth = cfg->n_threads;
+    int      nth = cfg->n_threads, set;
     size_t   xrow;
 
     if (be == NULL || c == NULL) {
@@ -669,11 +681,12 @@ Backend *backend_cpu_new(const BackendConfig *cfg, char *err, size_t errlen) {
     }
     be->ctx = c;
     be->free = cpu_free;
-    c->vec = pick_vec(cfg->isa, err, errlen);
-    if (c->vec == NULL) {
+    set = kernel_set_index(cfg->isa, cpu_features(), err, errlen);
+    if (set < 0) {
         cpu_free(be);
         return NULL;
     }
+    c->vec = kernel_sets[set].vec;
     if (nth <= 0) nth = (int) sysconf(_SC_NPROCESSORS_ONLN);
     c->cfg = *cfg;
     c->cfg.n_threads = nth;
