@@ -13,6 +13,15 @@ our $TMP    = tempdir('omni-test-XXXXXX', TMPDIR => 1, CLEANUP => 1);
 die "$ENGINE is not built (run make)\n" unless -x $ENGINE;
 die "$MODEL is missing (see ../shared/models/README.md)\n" unless -f $MODEL;
 
+# Which kernel set this pass runs (what 'auto' picks, or what OMNI_ISA
+# forces), in the TAP output.
+{
+    my $s = `'$ENGINE' generate --model '$MODEL' --prompt x --max-tokens 1 --stats 2>&1 >/dev/null`;
+    my ($set) = $s =~ /backend (\S+),/;
+    print "# kernel set: ", $set // "none ($s)", " (OMNI_ISA=",
+          $ENV{OMNI_ISA} || 'auto', ")\n";
+}
+
 # run(@args) -> (exit status, stdout, stderr)
 sub run_engine {
     my @args = @_;
