@@ -514,20 +514,31 @@ static const struct {
       offsetof(SamplerParams, frequency_penalty) },
 };
 
-/* A fresh seed for a request that sent none: 63 random bits, so that it
- * is a valid "seed" to send back. getrandom(2) never blocks once the
- * kernel's pool is initialized (early boot only); GRND_NONBLOCK makes
- * that case an error (503) rather than a stall of the event loop. */
-static int draw_seed(Parser *p, uint64_t *seed) {
+/* getrandom(2) never blocks once the kernel's pool is initialized (early
+ * in boot only); GRND_NONBLOCK makes that case an error rather than a
+ * stall of the event loop. Rejected: a clock or a counter, which repeats
+ * across processes and restarts. */
+int request_draw_seed(uint64_t *seed, Err *err) {
     uint64_t v;
 
     if (getrandom(&v, sizeof(v), GRND_NONBLOCK) != (ssize_t) sizeof(v)) {
-        fail(p, "", "no random seed for the request: getrandom: %s",
-             strerror(errno));
+        return err_set(err, "no random seed: getrandom: %s",
+                       strerror(errno));
+    }
+    *seed = v & (uint64_t) INT64_MAX;
+    return 0;
+}
+
+/* A fresh seed for a request that sent none; failing is the engine's
+ * fault (503). */
+static int draw_seed(Parser *p, uint64_t *seed) {
+    Err err;
+
+    if (request_draw_seed(seed, &err) != 0) {
+        fail(p, "", "%s", err.msg);
         p->e->status = 503;
         return -1;
     }
-    *seed = v & (uint64_t) INT64_MAX;
     return 0;
 }
 

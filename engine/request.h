@@ -92,4 +92,9 @@ int  request_parse(OmniRequest *r, const char *json, size_t len,
                    ReqError *e);
 void request_free(OmniRequest *r);
 
+/* A fresh seed: 63 random bits from getrandom(2), so that it is a valid
+ * "seed" to send back. Returns 0, or -1 with err set when the kernel has
+ * no random bytes to give without blocking (early in boot). */
+int  request_draw_seed(uint64_t *seed, Err *err);
+
 #endif
