@@ -275,7 +275,7 @@ static inline void omni_json_path(const char *s, size_t len, size_t at,
 {
     size_t mark[OMNI_JSON_PATH_DEPTH];  // path length where each level's
                                         //   component starts
-    long   index[OMNI_JSON_PATH_DEPTH]; // array element, -1 for objects
+    long   item[OMNI_JSON_PATH_DEPTH];  // array element, -1 for objects
     size_t pos = 0, key = 0;            // path length; where a key began
     int    depth = 0, in_str = 0, esc = 0, is_key = 0, want_key = 0;
     char   num[24];
@@ -304,7 +304,7 @@ static inline void omni_json_path(const char *s, size_t len, size_t at,
         switch (c) {
         case '"':
             in_str = 1;
-            is_key = want_key && top >= 0 && index[top] < 0;
+            is_key = want_key && top >= 0 && item[top] < 0;
             want_key = 0;
             key = i + 1;
             break;
@@ -312,7 +312,7 @@ static inline void omni_json_path(const char *s, size_t len, size_t at,
         case '[':
             if (depth++ >= OMNI_JSON_PATH_DEPTH) break;
             mark[depth - 1] = pos;
-            index[depth - 1] = c == '[' ? 0 : -1;
+            item[depth - 1] = c == '[' ? 0 : -1;
             want_key = c == '{';
             if (c == '[') pos = omni_json_path_put(out, size, pos, "[0]", 3);
             break;
@@ -323,11 +323,11 @@ static inline void omni_json_path(const char *s, size_t len, size_t at,
         case ',':
             if (top < 0) break;
             pos = mark[top];
-            if (index[top] < 0) {
+            if (item[top] < 0) {
                 want_key = 1;
                 break;
             }
-            snprintf(num, sizeof(num), "[%ld]", ++index[top]);
+            snprintf(num, sizeof(num), "[%ld]", ++item[top]);
             pos = omni_json_path_put(out, size, pos, num, strlen(num));
             break;
         }
