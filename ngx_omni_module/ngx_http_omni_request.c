@@ -1143,10 +1143,11 @@ ngx_http_omni_engine_request(ngx_http_request_t *r,
 
     yajl_gen_free(g);
 
-    ngx_log_debug3(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                   "omni request: stream:%ui usage:%ui engine json:%uz",
+    ngx_log_debug4(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "omni request: stream:%ui usage:%ui seed:%V "
+                   "engine json:%uz",
                    (ngx_uint_t) req->stream, (ngx_uint_t) req->include_usage,
-                   req->engine.len);
+                   &req->seed, req->engine.len);
 
     return rc;
 }
