@@ -479,7 +479,8 @@ static void request_start(Frontend *fe, Conn *c) {
         return;
     }
     if (request_parse(&req, json, len, &e) != 0) {
-        conn_error(fe, c, 400, e.param[0] ? e.param : NULL, NULL, e.err.msg);
+        conn_error(fe, c, e.status, e.param[0] ? e.param : NULL, NULL,
+                   e.err.msg);
         return;
     }
     if (req.model != NULL && strcmp(req.model, fe->model_id) != 0) {

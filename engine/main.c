@@ -31,6 +31,7 @@
 #include "log.h"
 #include "make_model.h"
 #include "model.h"
+#include "request.h"
 #include "serve.h"
 #include "tokenizer.h"
 
@@ -197,12 +198,38 @@ static GGUFLoad load_how(const Opts *o) {
     return opt_flag(o, "mmap") ? GGUF_MAP : GGUF_COPY;
 }
 
+/* Whether path is a GGUF without tensors, such as llama.cpp's
+ * vocabulary-only files (models/ggml-vocab-*.gguf). */
+static bool vocab_only(const char *path) {
+    GGUF g;
+    Err  err;
+    bool none;
+
+    if (gguf_open(&g, path, &err) != 0) return false;
+    none = g.n_tensors == 0;
+    gguf_close(&g);
+    return none;
+}
+
+/* model_load, dying with its error; a vocabulary-only file is named as
+ * such, since what is missing is not one tensor but all of them. */
+static void load_weights(Model *m, const char *path, GGUFLoad how) {
+    Err err;
+
+    if (model_load(m, path, how, &err) == 0) return;
+    if (vocab_only(path)) {
+        die("%s: a vocabulary-only GGUF (a tokenizer, no weights): "
+            "'tokenize' reads it, but generating needs a model", path);
+    }
+    die("%s", err.msg);
+}
+
 static void load_model(Model *m, Tokenizer **tk, const char *path,
                        GGUFLoad how)
 {
     Err err;
 
-    if (model_load(m, path, how, &err) != 0) die("%s", err.msg);
+    load_weights(m, path, how);
     *tk = tokenizer_new(&m->gguf, &err);
     if (*tk == NULL) {
         model_free(m);
@@ -316,8 +343,10 @@ static int emit_stdout(void *ud, const char *text, size_t len) {
     return 0;
 }
 
+/* Without --seed a fresh one is drawn (--stats reports it). */
 static void read_sampling(const Opts *o, GenParams *gp) {
     SamplerParams *s = &gp->sampling;
+    Err            err;
 
     sampler_params_default(s);
     s->temperature = opt_float(o, "temperature", 1.0f, 0.0f, 2.0f);
@@ -327,7 +356,11 @@ static void read_sampling(const Opts *o, GenParams *gp) {
     s->presence_penalty = opt_float(o, "presence-penalty", 0.0f, -2.0f, 2.0f);
     s->frequency_penalty = opt_float(o, "frequency-penalty", 0.0f, -2.0f,
                                      2.0f);
-    s->seed = (uint64_t) opt_int(o, "seed", 0, 0, INT64_MAX);
+    if (opt_str(o, "seed", NULL) != NULL) {
+        s->seed = (uint64_t) opt_int(o, "seed", 0, 0, INT64_MAX);
+    } else if (request_draw_seed(&s->seed, &err) != 0) {
+        die("%s", err.msg);     // sample afresh, as the API does
+    }
     gp->max_tokens = opt_int(o, "max-tokens", 256, 1, 1 << 30);
     if (opt_str(o, "stop", NULL) != NULL) {
         gp->stop[0] = opt_str(o, "stop", NULL);
@@ -380,10 +413,11 @@ static int cmd_generate(int argc, char **argv) {
     if (opt_flag(&o, "stats")) {
         fprintf(stderr, "\nomni-engine: backend %s, prompt %" PRId64
                 " tokens in %.3f s (%.1f tok/s), generated %" PRId64
-                " in %.3f s (%.2f tok/s), finish %s\n", be->name, st.n_prompt,
-                st.t_prefill, st.n_prompt / st.t_prefill, st.n_gen,
-                st.t_decode, st.n_gen > 1 ? (st.n_gen - 1) / st.t_decode : 0,
-                st.finish);
+                " in %.3f s (%.2f tok/s), finish %s, seed %" PRIu64 "\n",
+                be->name, st.n_prompt, st.t_prefill,
+                st.n_prompt / st.t_prefill, st.n_gen, st.t_decode,
+                st.n_gen > 1 ? (st.n_gen - 1) / st.t_decode : 0, st.finish,
+                gp.sampling.seed);
     }
     gen_free(&g);
     be->free(be);
@@ -397,26 +431,37 @@ static int cmd_generate(int argc, char **argv) {
 
 /* ---- tokenize ---------------------------------------------------------- */
 
+/* Tokenizing needs the vocabulary only: the GGUF's metadata is read
+ * (mapped, not copied) and no tensor is looked at, so llama.cpp's
+ * vocabulary-only files work as well as whole models. */
 static int cmd_tokenize(int argc, char **argv) {
     static const char *vals[] = { "model", "text", NULL };
     static const char *flags[] = { "no-bos", "parse-special", NULL };
-    Opts       o = { .n = 0 };
-    Model      m;
-    Tokenizer *tk;
-    int64_t    n;
-    int32_t   *ids;
+    Opts        o = { .n = 0 };
+    GGUF        g;
+    Tokenizer  *tk;
+    Err         err;
+    int64_t     n;
+    int32_t    *ids;
+    const char *path;
 
     opts_add(&o, vals, false);
     opts_add(&o, flags, true);
     opts_parse(&o, argc, argv);
-    load_model(&m, &tk, model_path(&o), GGUF_MAP);
+    path = model_path(&o);
+    if (gguf_open(&g, path, &err) != 0) die("%s", err.msg);
+    tk = tokenizer_new(&g, &err);
+    if (tk == NULL) {
+        gguf_close(&g);
+        die("%s: %s", path, err.msg);
+    }
     ids = encode(tk, opt_need(&o, "text"), !opt_flag(&o, "no-bos"),
                  opt_flag(&o, "parse-special"), &n);
     for (int64_t i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
     putchar('\n');
     free(ids);
     tokenizer_free(tk);
-    model_free(&m);
+    gguf_close(&g);
     return 0;
 }
 
@@ -465,7 +510,7 @@ static int cmd_bench(int argc, char **argv) {
     p.n_prompt = opt_int(&o, "n-prompt", 512, 0, 1 << 16);
     p.n_gen = opt_int(&o, "n-gen", 128, 0, 1 << 16);
     p.reps = (int) opt_int(&o, "reps", 3, 1, 16);
-    if (model_load(&m, path, load_how(&o), &err) != 0) die("%s", err.msg);
+    load_weights(&m, path, load_how(&o));
     if (p.n_prompt + p.n_gen > m.c.n_ctx) {
         die("--n-prompt and --n-gen exceed the model's context of %d",
             m.c.n_ctx);
@@ -692,8 +737,9 @@ static int cmd_client(int argc, char **argv) {
     if (client_generate(&rq, stdout, &d, &err) != 0) die("%s", err.msg);
     if (opt_flag(&o, "usage")) {
         fprintf(stderr, "prompt_tokens %u cached_tokens %u completion_tokens "
-                "%u finish %s\n", d.prompt_tokens, d.cached_tokens,
-                d.completion_tokens, finish[d.finish]);
+                "%u finish %s seed %" PRIu64 "\n", d.prompt_tokens,
+                d.cached_tokens, d.completion_tokens, finish[d.finish],
+                d.seed);
     }
     return 0;
 }

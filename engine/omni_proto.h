@@ -30,7 +30,9 @@
  *   TEXT       raw UTF-8, whole characters (never split), 1..OMNI_MAX_TEXT
  *   DONE       OMNI_DONE_LEN bytes: u32 prompt_tokens, u32 cached_tokens
  *              (prompt tokens whose KV came from the prefix cache), u32
- *              completion_tokens, u8 finish (OmniFinish), 3 bytes zero
+ *              completion_tokens, u8 finish (OmniFinish), 3 bytes zero,
+ *              u64 seed (the request's, or the one the engine drew for a
+ *              request without one: sending it reproduces the text)
  *   ERROR      u16 HTTP status, then four strings, each u16 length + bytes
  *              (not NUL-terminated): type ("invalid_request_error",
  *              "server_error"), param (may be empty: null), code (may be
@@ -63,7 +65,7 @@
 #define OMNI_MAX_REPLY      (4u << 20)      // MODELS_R, METRICS_R, HEALTH_R
 #define OMNI_MAX_STAGE      (OMNI_MAX_REQUEST + 64) // frontend <-> stage
 
-#define OMNI_DONE_LEN       16
+#define OMNI_DONE_LEN       24
 
 typedef enum {
     /* client -> engine, the first and only frame the client sends */
@@ -198,6 +200,7 @@ typedef struct {
     uint32_t cached_tokens;
     uint32_t completion_tokens;
     uint8_t  finish;            // OmniFinish
+    uint64_t seed;              // the sampler's seed, 0..INT64_MAX
 } OmniDone;
 
 static inline void omni_done_encode(uint8_t *p, const OmniDone *d) {
@@ -206,6 +209,7 @@ static inline void omni_done_encode(uint8_t *p, const OmniDone *d) {
     omni_wr32(p + 8, d->completion_tokens);
     p[12] = d->finish;
     p[13] = p[14] = p[15] = 0;
+    omni_wr64(p + 16, d->seed);
 }
 
 /* Returns 0, or -1 for an unknown finish reason. */
@@ -214,6 +218,7 @@ static inline int omni_done_decode(OmniDone *d, const uint8_t *p) {
     d->cached_tokens = omni_rd32(p + 4);
     d->completion_tokens = omni_rd32(p + 8);
     d->finish = p[12];
+    d->seed = omni_rd64(p + 16);
     return d->finish <= OMNI_FINISH_LENGTH ? 0 : -1;
 }
 

@@ -9,18 +9,19 @@
  *      it keeps (strings, the message array) into the request's arena.
  *
  * Why the pre-scan: yajl 2.1 sets no bound on nesting or tree size and
- * lets NUL bytes, "\u0000" and comments through (json_scan.h has the
- * details, shared with the nginx module). Rejected alternative: yajl's
- * event API with our own stack -- more code than the tree walk, for a
- * parse that is small next to one forward pass.
+ * lets NUL bytes, "\u0000", comments, overlong and surrogate UTF-8 and
+ * unpaired surrogate escapes through (json_scan.h has the details, shared
+ * with the nginx module, so both refuse the same bodies). Rejected
+ * alternative: yajl's event API with our own stack -- more code than the
+ * tree walk, for a parse that is small next to one forward pass.
  *
  * Checks go field by field in a fixed order, not in the order of the keys,
  * so the same body always reports the same first error. A key given twice
  * counts once, its last value wins (as in JavaScript's JSON.parse). JSON
  * null for an optional field means absent, as in the OpenAI API.
  *
- * Every string in the result is NUL-terminated UTF-8 (yajl has validated
- * it) in one arena: blocks chained newest first, the first sized for the
+ * Every string in the result is NUL-terminated, well-formed UTF-8 (the
+ * pre-scan has checked it) in one arena: blocks chained newest first, the first sized for the
  * whole request (the decoded strings are never longer than the JSON), so
  * a request is almost always one allocation. */
 
@@ -31,6 +32,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <sys/random.h>
 
 #include <yajl/yajl_tree.h>
 
@@ -95,8 +98,8 @@ typedef struct {
     ReqError *e;
 } Parser;
 
-/* Sets the error for param: the message is "param: what", or just "what"
- * when param is empty. Returns -1. */
+/* Sets the error (400) for param: the message is "param: what", or just
+ * "what" when param is empty. Returns -1. */
 __attribute__((format(printf, 3, 4)))
 static int fail(Parser *p, const char *param, const char *fmt, ...) {
     char    what[ERR_MAX];
@@ -106,6 +109,7 @@ static int fail(Parser *p, const char *param, const char *fmt, ...) {
     vsnprintf(what, sizeof(what), fmt, ap);
     va_end(ap);
     snprintf(p->e->param, sizeof(p->e->param), "%s", param);
+    p->e->status = 400;
     if (param[0] == '\0') return err_set(&p->e->err, "%s", what);
     return err_set(&p->e->err, "%s: %s", param, what);
 }
@@ -121,6 +125,13 @@ static const char *clip(const char *s, char out[REQ_CLIP + 4]) {
     memcpy(out, s, n);
     memcpy(out + n, "...", 4);
     return out;
+}
+
+/* The engine's own failure, not the client's: 503. Returns -1. */
+static int fail_oom(Parser *p) {
+    fail(p, "", "out of memory for the request");
+    p->e->status = 503;
+    return -1;
 }
 
 static const char *type_name(yajl_val v) {
@@ -143,13 +154,30 @@ static int fail_type(Parser *p, const char *param, const char *want,
 
 /* ---- pre-scan ---- */
 
+/* Text that is not valid UTF-8 (json_scan.h), naming the value it is in:
+ * "messages[0].content: not valid UTF-8 (bytes ED A0 80 at offset 41)". */
+static int fail_utf8(Parser *p, const char *s, size_t len, OmniJsonScan why,
+                     size_t at) {
+    char path[sizeof(p->e->param)], what[96];
+
+    omni_json_path(s, len, at, path, sizeof(path));
+    omni_json_utf8_what(s, len, why, at, what, sizeof(what));
+    return fail(p, path, "%snot valid UTF-8 (%s)",
+                path[0] == '\0' ? "request JSON is " : "", what);
+}
+
 /* The bounds of json_scan.h, as 400 errors. */
 static int prescan(Parser *p, const char *s, size_t len) {
-    size_t at = 0;
+    size_t       at = 0;
+    OmniJsonScan why;
 
-    switch (omni_json_scan(s, len, REQ_MAX_DEPTH, REQ_MAX_NODES, &at)) {
+    why = omni_json_scan(s, len, REQ_MAX_DEPTH, REQ_MAX_NODES, &at);
+    switch (why) {
     case OMNI_JSON_OK:
         return 0;
+    case OMNI_JSON_UTF8:
+    case OMNI_JSON_SURROGATE:
+        return fail_utf8(p, s, len, why, at);
     case OMNI_JSON_NUL:
         return fail(p, "", BAD_JSON ": NUL byte at offset %zu", at);
     case OMNI_JSON_U0000:
@@ -241,7 +269,7 @@ static int get_string(Parser *p, const char *param, yajl_val v,
     if (!YAJL_IS_STRING(v)) return fail_type(p, param, "a string", v);
     n = strlen(v->u.string);
     s = arena_alloc(&p->arena, n + 1, p->hint);
-    if (s == NULL) return fail(p, "", "out of memory for the request");
+    if (s == NULL) return fail_oom(p);
     memcpy(s, v->u.string, n + 1);
     *out = s;
     if (len != NULL) *len = n;
@@ -312,7 +340,7 @@ static int content_parts(Parser *p, int i, yajl_val a, const char **out) {
         total += strlen(text) + 1;
     }
     s = arena_alloc(&p->arena, total + 1, p->hint);
-    if (s == NULL) return fail(p, "", "out of memory for the request");
+    if (s == NULL) return fail_oom(p);
     for (size_t j = 0; j < n; j++) {
         size_t len;
 
@@ -375,7 +403,7 @@ static int parse_messages(Parser *p, yajl_val v, OmniRequest *r) {
                     REQ_MAX_MESSAGES, n);
     }
     r->msgs = arena_alloc(&p->arena, n * sizeof(ChatMsg), p->hint);
-    if (r->msgs == NULL) return fail(p, "", "out of memory for the request");
+    if (r->msgs == NULL) return fail_oom(p);
     for (size_t i = 0; i < n; i++) {
         if (parse_message(p, (int) i, v->u.array.values[i], &r->msgs[i])) {
             return -1;
@@ -486,7 +514,36 @@ static const struct {
       offsetof(SamplerParams, frequency_penalty) },
 };
 
-static int parse_sampling(Parser *p, yajl_val o, SamplerParams *sp) {
+/* getrandom(2) never blocks once the kernel's pool is initialized (early
+ * in boot only); GRND_NONBLOCK makes that case an error rather than a
+ * stall of the event loop. Rejected: a clock or a counter, which repeats
+ * across processes and restarts. */
+int request_draw_seed(uint64_t *seed, Err *err) {
+    uint64_t v;
+
+    if (getrandom(&v, sizeof(v), GRND_NONBLOCK) != (ssize_t) sizeof(v)) {
+        return err_set(err, "no random seed: getrandom: %s",
+                       strerror(errno));
+    }
+    *seed = v & (uint64_t) INT64_MAX;
+    return 0;
+}
+
+/* A fresh seed for a request that sent none; failing is the engine's
+ * fault (503). */
+static int draw_seed(Parser *p, uint64_t *seed) {
+    Err err;
+
+    if (request_draw_seed(seed, &err) != 0) {
+        fail(p, "", "%s", err.msg);
+        p->e->status = 503;
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_sampling(Parser *p, yajl_val o, SamplerParams *sp,
+                          bool *drawn) {
     yajl_val v;
     int64_t  i;
 
@@ -509,6 +566,10 @@ static int parse_sampling(Parser *p, yajl_val o, SamplerParams *sp) {
     if ((v = member(o, "seed")) != NULL) {
         if (get_int(p, "seed", v, 0, INT64_MAX, &i) != 0) return -1;
         sp->seed = (uint64_t) i;
+    } else if (draw_seed(p, &sp->seed) != 0) {
+        return -1;
+    } else {
+        *drawn = true;
     }
     if ((v = member(o, "logit_bias")) != NULL) {
         return parse_logit_bias(p, v, sp);
@@ -545,7 +606,7 @@ static int parse_root(Parser *p, yajl_val o, OmniRequest *r) {
     if ((v = member(o, "max_tokens")) != NULL
         && get_int(p, "max_tokens", v, 1, INT64_MAX, &r->max_tokens) != 0)
         return -1;
-    if (parse_sampling(p, o, &r->sampling) != 0) return -1;
+    if (parse_sampling(p, o, &r->sampling, &r->seed_drawn) != 0) return -1;
     if ((v = member(o, "stop")) != NULL && parse_stop(p, v, r) != 0) {
         return -1;
     }
@@ -591,7 +652,7 @@ int request_parse(OmniRequest *r, const char *json, size_t len,
     memset(e, 0, sizeof(*e));
     if (prescan(&p, json, len) != 0) return -1;
     copy = malloc(len + 1);
-    if (copy == NULL) return fail(&p, "", "out of memory for the request");
+    if (copy == NULL) return fail_oom(&p);
     memcpy(copy, json, len);
     copy[len] = '\0';
     root = yajl_tree_parse(copy, ebuf, sizeof(ebuf));

@@ -12,7 +12,7 @@
  *     "top_p":             1.0,   (0, 1]
  *     "top_k":             0,     >= 0, 0 = off
  *     "min_p":             0.0,   [0, 1]
- *     "seed":              42,    integer >= 0; absent: 0
+ *     "seed":              42,    integer >= 0; absent: a random one
  *     "presence_penalty":  0.0,   [-2, 2]
  *     "frequency_penalty": 0.0,   [-2, 2]
  *     "logit_bias":        {"1234": -100},         [-100, 100], <= 300 keys
@@ -27,10 +27,20 @@
  * A messages request is rendered with the model's chat template and gets
  * the generation prompt; a prompt request is tokenized as it is.
  *
+ * Without a seed, each request samples afresh, as OpenAI's do: the seed is
+ * drawn from getrandom(2) (63 bits, so that sending it back as "seed"
+ * reproduces the text) and reported in the DONE event (omni_proto.h).
+ * Greedy requests (temperature 0) do not depend on it.
+ *
+ * Strings must be valid text: well-formed UTF-8 with no unpaired
+ * surrogate escapes (json_scan.h, the one check the nginx module runs
+ * too); anything else is refused naming the value it was found in.
+ *
  * Errors name the parameter as the OpenAI API does ("top_p", "messages[1]
- * .role", "stop") so the module can put it in `error.param`; all are
- * client mistakes (400). Whether token ids in logit_bias exist and whether
- * the prompt fits the context is for the stage that has the model to say.
+ * .role", "stop") so the module can put it in `error.param`. They are
+ * client mistakes (400) except running out of memory or of randomness
+ * (503). Whether token ids in logit_bias exist and whether the prompt fits
+ * the context is for the stage that has the model to say.
  *
  * Parsing uses yajl's tree API. An OmniRequest owns one arena that holds
  * every string and array; request_free releases everything. */
@@ -58,7 +68,8 @@ typedef struct {
     const char    *prompt;          // when !chat; NUL-terminated
     size_t         prompt_len;
     int64_t        max_tokens;      // -1: no limit but the context
-    SamplerParams  sampling;
+    SamplerParams  sampling;        // .seed drawn when the JSON has none
+    bool           seed_drawn;      // so it was
     const char    *stop[STOP_MAX];
     int            n_stop;
     bool           ignore_eos;
@@ -69,6 +80,7 @@ typedef struct {
 } OmniRequest;
 
 typedef struct {
+    int  status;                    // 400, or 503: the engine's own failure
     Err  err;                       // what is wrong
     char param[64];                 // the parameter, "" when none applies
 } ReqError;
@@ -79,5 +91,10 @@ typedef struct {
 int  request_parse(OmniRequest *r, const char *json, size_t len,
                    ReqError *e);
 void request_free(OmniRequest *r);
+
+/* A fresh seed: 63 random bits from getrandom(2), so that it is a valid
+ * "seed" to send back. Returns 0, or -1 with err set when the kernel has
+ * no random bytes to give without blocking (early in boot). */
+int  request_draw_seed(uint64_t *seed, Err *err);
 
 #endif

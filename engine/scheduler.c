@@ -652,6 +652,7 @@ static void seq_finish(Scheduler *s, Seq *q, OmniFinish finish) {
     d.cached_tokens = (uint32_t) q->cached;
     d.completion_tokens = (uint32_t) q->n_gen;
     d.finish = (uint8_t) finish;
+    d.seed = q->smp.p.seed;
     if (s->ev.done != NULL) s->ev.done(s->ev.ud, q->id, &d);
     seq_release(s, q);
     q->busy = false;

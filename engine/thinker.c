@@ -218,8 +218,9 @@ static void on_submit(Thinker *t, uint64_t id, const char *json, size_t len)
     char        why[400];
 
     if (request_parse(&r, json, len, &e) != 0) {
-        ev_error(t, id, 400, "invalid_request_error",
-                 e.param[0] != '\0' ? e.param : NULL, NULL, e.err.msg);
+        ev_error(t, id, e.status, e.status < 500 ? "invalid_request_error"
+                 : "server_error", e.param[0] != '\0' ? e.param : NULL, NULL,
+                 e.err.msg);
         return;
     }
     if (r.model != NULL && strcmp(r.model, t->name) != 0) {

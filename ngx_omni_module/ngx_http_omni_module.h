@@ -68,6 +68,8 @@ typedef struct {
     ngx_str_t                   model;      /* as the client named it */
     ngx_str_t                   engine;     /* the request JSON for the
                                                engine (engine/request.h) */
+    ngx_str_t                   seed;       /* decimal: the client's, or
+                                               the one drawn for it */
     unsigned                    stream:1;
     unsigned                    include_usage:1;
 } ngx_http_omni_req_t;
@@ -146,12 +148,13 @@ extern ngx_module_t  ngx_http_omni_module;
 /* ngx_http_omni_request.c
  *
  * ngx_http_omni_parse() reads a chat or completions body (yajl), checks
- * the fields the module acts on (model, stream, stream_options, n,
- * logprobs, max_completion_tokens / max_tokens, modalities, tools,
- * response_format, ...) and writes req->engine: the normalized request
- * of engine/request.h with messages or prompt and the sampling fields
- * copied as given (the engine checks their types and ranges and answers
- * with an ERROR naming the param). Returns NGX_OK, NGX_DECLINED with err
+ * that it is valid UTF-8 text (json_scan.h) and the fields the module acts
+ * on (model, stream, stream_options, n, logprobs, max_completion_tokens /
+ * max_tokens, modalities, tools, response_format, seed, ...) and writes
+ * req->engine: the normalized request of engine/request.h with messages
+ * or prompt, the seed (drawn when absent; req->seed) and the sampling
+ * fields copied as given (the engine checks their types and ranges and
+ * answers with an ERROR naming the param). Returns NGX_OK, NGX_DECLINED with err
  * filled (a 400), or NGX_ERROR (no memory). */
 ngx_int_t ngx_http_omni_parse(ngx_http_request_t *r,
     ngx_http_omni_endpoint_e endpoint, ngx_str_t *body,
@@ -203,6 +206,9 @@ ngx_int_t ngx_http_omni_models_json(ngx_http_request_t *r,
 /* An engine ERROR payload as an OpenAI error (views into p). */
 ngx_int_t ngx_http_omni_engine_error(u_char *p, size_t len,
     ngx_http_omni_error_t *err);
+/* x-omni-seed on a chat or completions response about to start. */
+ngx_int_t ngx_http_omni_seed_header(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx);
 
 
 /* ngx_http_omni_upstream.c */

@@ -6,8 +6,9 @@
  *
  * chat.completion(.chunk) and text_completion objects, SSE events, error
  * objects and model lists, written with one escaper that also replaces
- * invalid UTF-8 by U+FFFD, so the output is valid JSON whatever bytes
- * arrive (a URL-decoded model id, an engine message).
+ * invalid UTF-8 (json_scan.h's definition, the one the request check
+ * uses) by U+FFFD, so the output is valid JSON whatever bytes arrive (a
+ * URL-decoded model id, an engine message); the x-omni-seed header.
  */
 
 
@@ -47,7 +48,6 @@ static u_char *ngx_http_omni_error_write(u_char *p,
 static ngx_uint_t ngx_http_omni_gen_model(yajl_gen g, yajl_val m);
 static ngx_int_t ngx_http_omni_model_missing(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, ngx_http_omni_error_t *err);
-static size_t ngx_http_omni_utf8(u_char *p, u_char *last);
 static size_t ngx_http_omni_escape_len(u_char *s, size_t len);
 static u_char *ngx_http_omni_escape(u_char *dst, u_char *s, size_t len);
 
@@ -745,59 +745,28 @@ ngx_http_omni_model_missing(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 }
 
 
-/* ---- JSON string escaping ---- */
+/* ---- response headers ---- */
 
-/* The length of the valid UTF-8 sequence at p (1..4), 0 when invalid:
- * overlong forms, surrogates and code points above U+10FFFF are. */
+/*
+ * x-omni-seed: the seed the response is sampled with, the client's or the
+ * one drawn for it (ngx_http_omni_parse()), on streaming and whole
+ * responses alike: sending it back as "seed" reproduces the text.
+ */
 
-static size_t
-ngx_http_omni_utf8(u_char *p, u_char *last)
+ngx_int_t
+ngx_http_omni_seed_header(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
 {
-    u_char  c, lo, hi;
-    size_t  i, n;
+    static ngx_str_t  key = ngx_string("x-omni-seed");
 
-    c = p[0];
-
-    if (c < 0x80) {
-        return 1;
+    if (ctx->req.seed.len == 0) {
+        return NGX_OK;
     }
 
-    lo = 0x80;
-    hi = 0xbf;
-
-    if (c < 0xc2) {
-        return 0;
-
-    } else if (c < 0xe0) {
-        n = 2;
-
-    } else if (c < 0xf0) {
-        n = 3;
-        lo = (c == 0xe0) ? 0xa0 : 0x80;
-        hi = (c == 0xed) ? 0x9f : 0xbf;
-
-    } else if (c < 0xf5) {
-        n = 4;
-        lo = (c == 0xf0) ? 0x90 : 0x80;
-        hi = (c == 0xf4) ? 0x8f : 0xbf;
-
-    } else {
-        return 0;
-    }
-
-    if ((size_t) (last - p) < n || p[1] < lo || p[1] > hi) {
-        return 0;
-    }
-
-    for (i = 2; i < n; i++) {
-        if (p[i] < 0x80 || p[i] > 0xbf) {
-            return 0;
-        }
-    }
-
-    return n;
+    return ngx_http_omni_add_header(r, &key, &ctx->req.seed);
 }
 
+
+/* ---- JSON string escaping ---- */
 
 /* Bytes s takes inside a JSON string: '"' '\\' and control characters
  * escaped, valid UTF-8 as it is, each invalid byte as U+FFFD. */
@@ -814,7 +783,7 @@ ngx_http_omni_escape_len(u_char *s, size_t len)
     for (p = s; p < last; /* void */) {
 
         if (*p >= 0x80) {
-            k = ngx_http_omni_utf8(p, last);
+            k = omni_utf8_char(p, last - p);
             n += k ? k : 3;
             p += k ? k : 1;
             continue;
@@ -855,7 +824,7 @@ ngx_http_omni_escape(u_char *dst, u_char *s, size_t len)
     for (p = s; p < last; /* void */) {
 
         if (*p >= 0x80) {
-            k = ngx_http_omni_utf8(p, last);
+            k = omni_utf8_char(p, last - p);
 
             if (k == 0) {
                 *dst++ = 0xef; *dst++ = 0xbf; *dst++ = 0xbd;

@@ -6,11 +6,15 @@
  * request JSON out. No I/O.
  *
  * A chat or completions body is pre-scanned (yajl has no nesting limit,
- * and its tree API takes a C string), parsed with yajl's tree API,
- * checked for what the module acts on or refuses, and rewritten with
- * yajl_gen into the engine's request JSON (engine/request.h). Sampling
- * fields are copied as given: the engine checks their types and ranges and
- * answers with an ERROR naming the parameter.
+ * its tree API takes a C string, and its UTF-8 check lets overlong forms
+ * and surrogates through: engine/json_scan.h, the engine's own check),
+ * parsed with yajl's tree API, checked for what the module acts on or
+ * refuses, and rewritten with yajl_gen into the engine's request JSON
+ * (engine/request.h). Sampling fields are copied as given: the engine
+ * checks their types and ranges and answers with an ERROR naming the
+ * parameter. The seed is the exception: the module draws one when the
+ * client sent none, so that it can report it in a response header before
+ * the first token goes out.
  *
  * The pre-scan, the tree and the yajl_gen helpers also read the engine's
  * model list for ngx_http_omni_openai.c.
@@ -20,6 +24,8 @@
 #include <ngx_config.h>
 #include <ngx_core.h>
 #include <ngx_http.h>
+
+#include <sys/random.h>
 
 #include "ngx_http_omni_module.h"
 
@@ -41,6 +47,7 @@ typedef struct {
     yajl_val                    input;      /* messages, or prompt string */
     yajl_val                    salt;       /* prompt_cache_key, or NULL */
     int64_t                     max_tokens; /* 0: none */
+    int64_t                     seed;       /* the client's, or drawn */
 } ngx_http_omni_fields_t;
 
 
@@ -70,6 +77,9 @@ static ngx_int_t ngx_http_omni_check_legacy(ngx_http_request_t *r,
     yajl_val root, ngx_http_omni_error_t *err);
 static ngx_int_t ngx_http_omni_check_salt(ngx_http_request_t *r,
     yajl_val root, ngx_http_omni_fields_t *f, ngx_http_omni_error_t *err);
+static ngx_int_t ngx_http_omni_check_seed(ngx_http_request_t *r,
+    yajl_val root, ngx_http_omni_fields_t *f, ngx_http_omni_req_t *req,
+    ngx_http_omni_error_t *err);
 static ngx_int_t ngx_http_omni_check_int(ngx_http_request_t *r,
     char *param, yajl_val v, int64_t min, int64_t *out,
     ngx_http_omni_error_t *err);
@@ -89,6 +99,9 @@ static char *ngx_http_omni_type(yajl_val v);
 static size_t ngx_http_omni_clip(const char *s, char **more);
 static char *ngx_http_omni_param(ngx_http_request_t *r, char *fmt,
     size_t i, size_t j);
+static ngx_int_t ngx_http_omni_scan(ngx_http_request_t *r, ngx_str_t *body,
+    ngx_http_omni_error_t *err);
+static char *ngx_http_omni_scan_reason(OmniJsonScan rc, ngx_uint_t *syntax);
 static ngx_int_t ngx_http_omni_bad_json(ngx_http_request_t *r,
     u_char *why, ngx_http_omni_error_t *err);
 static ngx_int_t ngx_http_omni_invalid(ngx_http_request_t *r,
@@ -106,7 +119,6 @@ static const char *const  ngx_http_omni_sampling[] = {
     "top_p",
     "top_k",
     "min_p",
-    "seed",
     "presence_penalty",
     "frequency_penalty",
     "logit_bias",
@@ -122,11 +134,9 @@ ngx_int_t
 ngx_http_omni_parse(ngx_http_request_t *r, ngx_http_omni_endpoint_e endpoint,
     ngx_str_t *body, ngx_http_omni_req_t *req, ngx_http_omni_error_t *err)
 {
-    char                    *reason;
     u_char                   ebuf[256];
     yajl_val                 root;
     ngx_int_t                rc;
-    ngx_uint_t               syntax;
     ngx_http_omni_fields_t   f;
 
     if (endpoint != NGX_HTTP_OMNI_CHAT
@@ -140,14 +150,9 @@ ngx_http_omni_parse(ngx_http_request_t *r, ngx_http_omni_endpoint_e endpoint,
     ngx_memzero(req, sizeof(ngx_http_omni_req_t));
     ngx_memzero(&f, sizeof(ngx_http_omni_fields_t));
 
-    reason = ngx_http_omni_prescan(body->data, body->len, &syntax);
-
-    if (reason != NULL) {
-        if (syntax) {
-            return ngx_http_omni_bad_json(r, (u_char *) reason, err);
-        }
-
-        return ngx_http_omni_invalid(r, err, NULL, NULL, "%s", reason);
+    rc = ngx_http_omni_scan(r, body, err);
+    if (rc != NGX_OK) {
+        return rc;
     }
 
     ebuf[0] = '\0';
@@ -176,9 +181,65 @@ ngx_http_omni_parse(ngx_http_request_t *r, ngx_http_omni_endpoint_e endpoint,
 
 
 /*
- * The bounds of json_scan.h (shared with the engine), in the words of our
- * errors. Returns NULL, or why; *syntax is set when the body is not JSON
- * at all.
+ * The pre-scan of a request body (json_scan.h, shared with the engine), as
+ * 400 errors. Text that is not UTF-8 is named by the value it is in:
+ * "Invalid 'messages[0].content': the text is not valid UTF-8 (bytes ED
+ * A0 80 at offset 41).", the same words for every kind of bad sequence.
+ */
+
+static ngx_int_t
+ngx_http_omni_scan(ngx_http_request_t *r, ngx_str_t *body,
+    ngx_http_omni_error_t *err)
+{
+    char          *reason, *param, what[96];
+    size_t         at;
+    ngx_uint_t     syntax;
+    OmniJsonScan   rc;
+
+    at = 0;
+
+    rc = omni_json_scan((const char *) body->data, body->len,
+                        NGX_HTTP_OMNI_MAX_DEPTH, NGX_HTTP_OMNI_MAX_NODES, &at);
+
+    if (rc == OMNI_JSON_OK) {
+        return NGX_OK;
+    }
+
+    if (rc == OMNI_JSON_UTF8 || rc == OMNI_JSON_SURROGATE) {
+        param = ngx_pnalloc(r->pool, NGX_HTTP_OMNI_PARAM_MAX);
+        if (param == NULL) {
+            return NGX_ERROR;
+        }
+
+        omni_json_path((const char *) body->data, body->len, at, param,
+                       NGX_HTTP_OMNI_PARAM_MAX);
+        omni_json_utf8_what((const char *) body->data, body->len, rc, at,
+                            what, sizeof(what));
+
+        if (param[0] == '\0') {
+            return ngx_http_omni_invalid(r, err, NULL, NULL,
+                                         "Invalid request body: the text is "
+                                         "not valid UTF-8 (%s).", what);
+        }
+
+        return ngx_http_omni_invalid(r, err, param, NULL,
+                                     "Invalid '%s': the text is not valid "
+                                     "UTF-8 (%s).", param, what);
+    }
+
+    reason = ngx_http_omni_scan_reason(rc, &syntax);
+
+    if (syntax) {
+        return ngx_http_omni_bad_json(r, (u_char *) reason, err);
+    }
+
+    return ngx_http_omni_invalid(r, err, NULL, NULL, "%s", reason);
+}
+
+
+/*
+ * The same for JSON from the engine (MODELS_R), in the words of our logs.
+ * Returns NULL, or why; *syntax is set when the body is not JSON at all.
  */
 
 char *
@@ -186,13 +247,27 @@ ngx_http_omni_prescan(u_char *p, size_t len, ngx_uint_t *syntax)
 {
     size_t  at;
 
+    return ngx_http_omni_scan_reason(omni_json_scan((const char *) p, len,
+                                                    NGX_HTTP_OMNI_MAX_DEPTH,
+                                                    NGX_HTTP_OMNI_MAX_NODES,
+                                                    &at),
+                                     syntax);
+}
+
+
+static char *
+ngx_http_omni_scan_reason(OmniJsonScan rc, ngx_uint_t *syntax)
+{
     *syntax = 1;
 
-    switch (omni_json_scan((const char *) p, len, NGX_HTTP_OMNI_MAX_DEPTH,
-                           NGX_HTTP_OMNI_MAX_NODES, &at))
-    {
+    switch (rc) {
+
     case OMNI_JSON_OK:
         return NULL;
+
+    case OMNI_JSON_UTF8:
+    case OMNI_JSON_SURROGATE:
+        return "text that is not UTF-8";
 
     case OMNI_JSON_NUL:
         return "a NUL byte";
@@ -317,6 +392,10 @@ ngx_http_omni_check(ngx_http_request_t *r, ngx_http_omni_endpoint_e endpoint,
 
     if (rc == NGX_OK) {
         rc = ngx_http_omni_check_salt(r, root, f, err);
+    }
+
+    if (rc == NGX_OK) {
+        rc = ngx_http_omni_check_seed(r, root, f, req, err);
     }
 
     return rc;
@@ -854,6 +933,54 @@ ngx_http_omni_check_salt(ngx_http_request_t *r, yajl_val root,
 }
 
 
+/*
+ * seed: an integer >= 0, or, when absent, 63 random bits (a valid seed to
+ * send back), so that each request without one samples afresh as OpenAI's
+ * do. Drawn here rather than in the engine because the response header
+ * (x-omni-seed) goes out before the engine's first word. getrandom(2)
+ * never blocks once the kernel's pool is initialized; GRND_NONBLOCK turns
+ * the early-boot case into an error rather than a stalled worker.
+ */
+
+static ngx_int_t
+ngx_http_omni_check_seed(ngx_http_request_t *r, yajl_val root,
+    ngx_http_omni_fields_t *f, ngx_http_omni_req_t *req,
+    ngx_http_omni_error_t *err)
+{
+    uint64_t   v;
+    yajl_val   seed;
+    ngx_int_t  rc;
+
+    seed = ngx_http_omni_member(root, "seed");
+
+    if (seed != NULL) {
+        rc = ngx_http_omni_check_int(r, "seed", seed, 0, &f->seed, err);
+        if (rc != NGX_OK) {
+            return rc;
+        }
+
+    } else {
+        if (getrandom(&v, sizeof(v), GRND_NONBLOCK) != (ssize_t) sizeof(v)) {
+            ngx_log_error(NGX_LOG_ALERT, r->connection->log, ngx_errno,
+                          "omni: getrandom() failed, no seed for the request");
+            return NGX_ERROR;
+        }
+
+        f->seed = (int64_t) (v & (uint64_t) INT64_MAX);
+    }
+
+    req->seed.data = ngx_pnalloc(r->pool, NGX_INT64_LEN);
+    if (req->seed.data == NULL) {
+        return NGX_ERROR;
+    }
+
+    req->seed.len = ngx_sprintf(req->seed.data, "%L", f->seed)
+                    - req->seed.data;
+
+    return NGX_OK;
+}
+
+
 /* An integer >= min. JSON has one number type: 3.0 and 3e2 are integers,
  * 2.5 is not. The raw text is read: yajl 2.1.0's integer flag is not
  * reliable. */
@@ -1016,10 +1143,11 @@ ngx_http_omni_engine_request(ngx_http_request_t *r,
 
     yajl_gen_free(g);
 
-    ngx_log_debug3(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                   "omni request: stream:%ui usage:%ui engine json:%uz",
+    ngx_log_debug4(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "omni request: stream:%ui usage:%ui seed:%V "
+                   "engine json:%uz",
                    (ngx_uint_t) req->stream, (ngx_uint_t) req->include_usage,
-                   req->engine.len);
+                   &req->seed, req->engine.len);
 
     return rc;
 }
@@ -1027,7 +1155,7 @@ ngx_http_omni_engine_request(ngx_http_request_t *r,
 
 /*
  * {"model", "messages" | "prompt", "max_tokens", sampling fields as given,
- *  "cache_salt"}. The yajl_gen statuses are or-ed: yajl_gen_status_ok is
+ *  "cache_salt", "seed"}. The yajl_gen statuses are or-ed: yajl_gen_status_ok is
  * 0, so any failure leaves the result nonzero.
  */
 
@@ -1070,6 +1198,9 @@ ngx_http_omni_gen_request(yajl_gen g, ngx_http_omni_endpoint_e endpoint,
         s |= ngx_http_omni_gen_str(g, "cache_salt");
         s |= ngx_http_omni_gen_value(g, f->salt);
     }
+
+    s |= ngx_http_omni_gen_str(g, "seed");
+    s |= yajl_gen_integer(g, (long long) f->seed);
 
     s |= yajl_gen_map_close(g);
 

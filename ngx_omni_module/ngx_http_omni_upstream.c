@@ -275,7 +275,8 @@ ngx_http_omni_process_header(ngx_http_request_t *r)
             ngx_http_omni_set_content_type(r, &ngx_http_omni_sse_type);
 
             if (ngx_http_omni_add_header(r, &cache_key, &cache_value)
-                != NGX_OK)
+                != NGX_OK
+                || ngx_http_omni_seed_header(r, ctx) != NGX_OK)
             {
                 return NGX_ERROR;
             }
@@ -361,6 +362,10 @@ ngx_http_omni_header_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
         }
 
         ctx->done = 1;
+
+        if (ngx_http_omni_seed_header(r, ctx) != NGX_OK) {
+            return NGX_ERROR;
+        }
 
         return ngx_http_omni_reply_buf(r, ctx, NGX_HTTP_OK,
                                        &ngx_http_omni_json_type,

@@ -273,14 +273,19 @@ is($json->{choices}[0]{message}{content}, $::want{story5},
 
 
 
-=== TEST 12: seed: two sampled requests with one seed agree
+=== TEST 12: seed: two sampled requests with one seed agree, streamed or not; x-omni-seed says the seed
 --- request eval
 [::chat(max_tokens => 16, temperature => 1, seed => 1234),
- ::chat(max_tokens => 16, temperature => 1, seed => 1234)]
+ ::chat(max_tokens => 16, temperature => 1, seed => 1234,
+        stream => JSON::PP::true)]
 --- error_code eval
 [200, 200]
+--- response_headers_like eval
+["X-Omni-Seed: 1234", "X-Omni-Seed: 1234"]
 --- check
-push @::seeded, $json->{choices}[0]{message}{content};
+push @::seeded, $i ? sse_parse($body, endpoint => 'chat', model => $::M)->{text}
+                   : $json->{choices}[0]{message}{content};
+ok(length $::seeded[-1] > 0, "$name #$i: text");
 is($::seeded[1], $::seeded[0], "$name: same text") if @::seeded == 2;
 
 
@@ -320,3 +325,49 @@ error_is($json, 'invalid_request_error', undef, undef, $name);
 --- check
 ok(length $json->{choices}[0]{message}{content}, "$name: an answer");
 is($json->{usage}{completion_tokens} <= 8, 1, "$name: within max_tokens");
+
+
+
+=== TEST 16: without a seed each request samples afresh, and sending back its x-omni-seed reproduces it
+--- request eval
+::chat(max_tokens => 2, temperature => 1)
+--- error_code: 200
+--- response_headers_like
+X-Omni-Seed: \d+
+--- check
+# four unseeded answers of 48 sampled tokens (ignore_eos: all 48 come):
+# the same text four times by chance is practically impossible
+my %req = (model => $::M, temperature => 1, max_tokens => 48,
+           ignore_eos => JSON::PP::true,
+           messages => [{ role => 'user', content => $::STORY }]);
+my @r = map { post_json('/v1/chat/completions', \%req) } 1 .. 4;
+my @seeds = map { $_->{headers}{'x-omni-seed'} // '' } @r;
+my @texts = map { $_->{json}{choices}[0]{message}{content} // '' } @r;
+is_deeply([map { $_->{status} } @r], [200, 200, 200, 200], "$name: 200s");
+is(scalar(grep { /^\d+$/ && $_ <= 9223372036854775807 } @seeds), 4,
+   "$name: each reports its seed (a valid seed)") or diag "@seeds";
+is(scalar(keys %{{ map { $_ => 1 } @seeds }}), 4, "$name: four seeds");
+cmp_ok(scalar(keys %{{ map { $_ => 1 } @texts }}), '>', 1,
+       "$name: not the same text four times") or diag(Test::More::explain(\@texts));
+is($r[0]{json}{usage}{completion_tokens}, 48, "$name: 48 tokens sampled");
+
+# the reported seed reproduces the answer, whole and streamed
+my $again = post_json('/v1/chat/completions', { %req, seed => 0 + $seeds[0] });
+is($again->{json}{choices}[0]{message}{content}, $texts[0],
+   "$name: seed $seeds[0] reproduces the first answer");
+is($again->{headers}{'x-omni-seed'}, $seeds[0], "$name: and reports it");
+my $st = post_json('/v1/chat/completions', { %req, seed => 0 + $seeds[1],
+                                             stream => JSON::PP::true });
+is(sse_parse($st->{body}, endpoint => 'chat', model => $::M)->{text},
+   $texts[1], "$name: streamed with seed $seeds[1]: the second answer");
+is($st->{headers}{'x-omni-seed'}, $seeds[1], "$name: streamed: header");
+
+# greedy does not depend on the seed: two unseeded answers agree
+my @g = map { post_json('/v1/chat/completions', { %req, temperature => 0 }) }
+        1 .. 2;
+isnt($g[0]{headers}{'x-omni-seed'}, $g[1]{headers}{'x-omni-seed'},
+     "$name: greedy: seeds drawn");
+is($g[0]{json}{choices}[0]{message}{content},
+   $g[1]{json}{choices}[0]{message}{content}, "$name: greedy: same text");
+--- no_error_log
+[error]

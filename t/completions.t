@@ -216,3 +216,43 @@ like($json->{error}{message}, qr/\b3\b/, "$name: the message quotes n");
 --- check
 error_is($json, 'invalid_request_error', 'suffix', 'unsupported_parameter',
          $name);
+
+
+
+=== TEST 15: x-omni-seed on every completion, streamed or not: the client's seed, or a fresh one per request that reproduces its text
+--- request eval
+[::cmpl(max_tokens => 24, temperature => 1, seed => 77),
+ ::cmpl(max_tokens => 24, temperature => 1, seed => 77,
+        stream => JSON::PP::true),
+ ::cmpl(max_tokens => 24, temperature => 1),
+ ::cmpl(max_tokens => 24, temperature => 1, stream => JSON::PP::true)]
+--- error_code eval
+[200, 200, 200, 200]
+--- response_headers_like eval
+["X-Omni-Seed: 77", "X-Omni-Seed: 77", "X-Omni-Seed: \\d+",
+ "X-Omni-Seed: \\d+"]
+--- check
+my $text = $i % 2 ? sse_parse($body, endpoint => 'completions',
+                              model => $::M)->{text}
+                  : $json->{choices}[0]{text};
+push @::texts, $text;
+is($::texts[1], $::texts[0], "$name: seed 77, streamed or not, one text")
+    if $i == 1;
+if ($i == 3) {
+    # the engine's own answer for seed 77, on its socket
+    is(request(engine(), { prompt => $::P, max_tokens => 24,
+                           temperature => 1, seed => 77 })->{text},
+       $::texts[0], "$name: the engine's text for seed 77");
+    my %req = (model => $::M, prompt => $::P, max_tokens => 48,
+               temperature => 1, ignore_eos => JSON::PP::true);
+    my @r = map { post_json('/v1/completions', \%req) } 1 .. 3;
+    my @t = map { $_->{json}{choices}[0]{text} } @r;
+    cmp_ok(scalar(keys %{{ map { $_ => 1 } @t }}), '>', 1,
+           "$name: unseeded answers differ");
+    my $again = post_json('/v1/completions',
+                          { %req, seed => 0 + $r[2]{headers}{'x-omni-seed'} });
+    is($again->{json}{choices}[0]{text}, $t[2],
+       "$name: the reported seed reproduces the text");
+}
+--- no_error_log
+[error]

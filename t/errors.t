@@ -169,9 +169,10 @@ error_is($json, 'invalid_request_error', 'temperature', undef, $name);
 
 
 
-=== TEST 16: temperature out of range
+=== TEST 16: temperature out of range (no x-omni-seed: nothing was sampled)
 --- request eval
 ::chat(temperature => 5)
+--- raw_response_headers_unlike: (?i)x-omni-seed
 --- check
 error_is($json, 'invalid_request_error', 'temperature', undef, $name);
 like($json->{error}{message}, qr/\b5\b/, "$name: quotes the value");
@@ -194,11 +195,20 @@ error_is($json, 'invalid_request_error', 'presence_penalty', undef, $name);
 
 
 
-=== TEST 19: seed below 0
+=== TEST 19: seed below 0, not an integer, too large (the module checks the seed: it reports it in x-omni-seed)
 --- request eval
-::chat(seed => -1)
+[::chat(seed => -1), ::chat(seed => 1.5), ::chat(seed => '7'),
+ "POST /v1/chat/completions\n{\"model\":\"$::M\",\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"seed\":9223372036854775808}"]
+--- error_code eval
+[400, 400, 400, 400]
+--- response_headers_like eval
+[("Content-Type: application/json\nX-Request-Id: [0-9a-f]{32}") x 4]
+--- raw_response_headers_unlike eval
+[("(?i)x-omni-seed") x 4]
 --- check
-error_is($json, 'invalid_request_error', 'seed', undef, $name);
+error_is($json, 'invalid_request_error', 'seed',
+         ['integer_below_min_value', 'invalid_type', 'invalid_type',
+          'integer_above_max_value']->[$i], "$name #$i");
 
 
 

@@ -32,6 +32,47 @@ sub one_line_error {
     is($out, "403 407 261 378\n", 'tokenize --no-bos');
 }
 
+# --- tokenize: llama.cpp's vocabulary-only files ---------------------------
+# models/ggml-vocab-*.gguf hold a tokenizer and no tensor: tokenize reads
+# the vocabulary alone and gives llama.cpp's ids for every test input
+# (the .inp/.out pairs of llama.cpp's test-tokenizer-0, no BOS); generate
+# says what the file is.
+{
+    my $src = llama_src();
+    for my $v (qw(llama-spm llama-bpe qwen2 gpt-2 phi-3 deepseek-coder
+                  starcoder)) {
+        my $f = "$src/models/ggml-vocab-$v.gguf";
+        my @inp = split /\n__ggml_vocab_test__\n/, slurp("$f.inp"), -1;
+        pop @inp;                       # the file ends with a separator
+        my @out = split /\n/, slurp("$f.out"), -1;
+        my ($n, $bad) = (0, 0);
+        for my $k (0 .. $#inp) {
+            next if $inp[$k] =~ /^-/;           # would read as an option
+            my ($rc, $ids, $err) = run_engine('tokenize', '--model', $f,
+                                              '--text', $inp[$k], '--no-bos');
+            (my $want = $out[$k] // '') =~ s/^\s+//;
+            $n++;
+            next if $rc == 0 && $ids eq "$want\n";
+            diag("ggml-vocab-$v case $k: got '$ids' ($err), want '$want'")
+                if $bad++ < 3;
+        }
+        ok($n >= 30, "tokenize $v: $n of llama.cpp's cases run");
+        is($bad, 0, "tokenize $v (vocabulary-only GGUF): llama.cpp's ids");
+    }
+    my $f = "$src/models/ggml-vocab-llama-spm.gguf";
+    my ($rc, $out) = run_engine('tokenize', '--model', $f, '--text',
+                                'Hello world');
+    is($out, "1 15043 3186\n", 'tokenize on a vocabulary-only file adds BOS');
+    one_line_error('generate on a vocabulary-only file',
+                   qr/\Q$f\E: a vocabulary-only GGUF \(a tokenizer, no (?#
+                      )weights\): 'tokenize' reads it, but generating needs (?#
+                      )a model/,
+                   'generate', '--model', $f, '--prompt', 'Hello');
+    one_line_error('tokenize on a file that is not a GGUF', 'not a GGUF file',
+                   'tokenize', '--model', "$src/models/ggml-vocab-llama-spm"
+                   . '.gguf.inp', '--text', 'x');
+}
+
 # --- generate: sampling ---------------------------------------------------
 {
     my @p = ('--prompt', 'Once upon a time', '--max-tokens', 40,
@@ -42,6 +83,20 @@ sub one_line_error {
     ok(length($a) > 20, 'sampled text is produced');
     is($a, $b, 'same seed, same text');
     isnt($a, $c, 'another seed, another text');
+
+    # without --seed: a fresh seed per run, which --stats reports and
+    # which reproduces the run
+    my @p48 = ('--prompt', 'Once upon a time', '--max-tokens', 48,
+               '--temperature', 1);
+    my @runs = map { [gen(@p48, '--stats')] } 1 .. 3;
+    my @seeds = map { $_->[2] =~ /, seed (\d+)\n\z/ ? $1 : '' } @runs;
+    is(scalar(grep { /^\d+$/ } @seeds), 3, 'no --seed: --stats says the seed')
+        or diag $runs[0][2];
+    is(scalar(keys %{{ map { $_ => 1 } @seeds }}), 3, 'no --seed: 3 seeds');
+    cmp_ok(scalar(keys %{{ map { $_->[1] => 1 } @runs }}), '>', 1,
+           'no --seed: not the same text three times');
+    my (undef, $again) = gen(@p48, '--seed', $seeds[0]);
+    is($again, $runs[0][1], 'the reported seed reproduces the run');
 
     my (undef, $k1) = gen(@p, '--seed', 3, '--top-k', 1);
     my (undef, $greedy) = gen('--prompt', 'Once upon a time',

@@ -4,7 +4,8 @@
 #
 # A reply is a hash:
 #   { frames => [[type, payload], ...], text => '...',
-#     done  => { prompt_tokens, cached_tokens, completion_tokens, finish },
+#     done  => { prompt_tokens, cached_tokens, completion_tokens, finish,
+#                seed },
 #     error => { status, type, param, code, message },
 #     eof   => 1 when the engine closed the connection after its frames }
 use strict;
@@ -147,10 +148,10 @@ sub add_frames {
         if ($type == $F{TEXT}) {
             $r->{text} .= $p;
         } elsif ($type == $F{DONE}) {
-            my @u = unpack('V V V C', $p);
+            my @u = unpack('V V V C x3 Q<', $p);
             $r->{done} = { prompt_tokens => $u[0], cached_tokens => $u[1],
                            completion_tokens => $u[2],
-                           finish => $FINISH[$u[3]] // $u[3] };
+                           finish => $FINISH[$u[3]] // $u[3], seed => $u[4] };
         } elsif ($type == $F{ERROR}) {
             $r->{error} = decode_error($p);
         }

@@ -88,7 +88,8 @@ my $srv = serve_start(args => ['--read-timeout', 2]);
                          temperature => 0 });
     is_deeply($r->{done}, { prompt_tokens => scalar(split ' ', $ids),
                             cached_tokens => $r->{done}{cached_tokens},
-                            completion_tokens => 8, finish => 'length' },
+                            completion_tokens => 8, finish => 'length',
+                            seed => $r->{done}{seed} },
               'usage: prompt and completion tokens, finish length');
 
     $r = request($srv, { prompt => $PROMPT, max_tokens => 64,
@@ -154,6 +155,72 @@ my $srv = serve_start(args => ['--read-timeout', 2]);
             . '"model_not_found"}'}, 1, 'metrics: the 404 counted');
 }
 
+# --- text that is not UTF-8: 400 naming the value, as through nginx -------
+# (the same validator, json_scan.h; t/utf8.t has the nginx side)
+{
+    my @bad = (
+        ["\xc0\xaf", 'bytes C0 AF'], ["\xe0\x80\xaf", 'bytes E0 80 AF'],
+        ["\xf0\x80\x80\xaf", 'bytes F0 80 80 AF'],
+        ["\xed\xa0\x80", 'bytes ED A0 80'], ["\xed\xbf\xbf", 'bytes ED BF BF'],
+        ["\xf4\x90\x80\x80", 'bytes F4 90 80 80'], ["\xf5\x80", 'bytes F5 80'],
+        ["\xff", 'byte FF'], ["\x80", 'byte 80'], ["\xe2\x82", 'bytes E2 82'],
+        ['\ud800', 'unpaired surrogate \ud800'],
+        ['\udc00', 'unpaired surrogate \udc00'],
+        ['\ud83d\u0041', 'unpaired surrogate \ud83d'],
+    );
+    my @where = (
+        ['{"prompt":"a%s"}', 'prompt'],
+        ['{"messages":[{"role":"user","content":"a%s"}]}',
+         'messages[0].content'],
+        ['{"messages":[{"role":"user","content":[{"type":"text",'
+         . '"text":"a%s"}]}]}', 'messages[0].content[0].text'],
+        ['{"prompt":"x","stop":["y","a%s"]}', 'stop[1]'],
+        ['{"prompt":"x","model":"a%s"}', 'model'],
+        ['{"prompt":"x","user":"a%s"}', 'user'],
+        ['{"prompt":"x","a%s":1}', ''],
+    );
+    my $bad = 0;
+    for my $w (@where) {
+        for my $b (@bad) {
+            my $name = "$b->[1] in " . ($w->[1] || 'a key');
+            my $r = send_raw($srv, frame($F{REQUEST},
+                                         sprintf($w->[0], $b->[0])));
+            my $e = $r->{error} // {};
+            my $want = $w->[1] ? qr/^\Q$w->[1]\E: not valid UTF-8 / :
+                                 qr/^request JSON is not valid UTF-8 /;
+            $bad++ unless is($e->{status}, 400, "$name: 400")
+                && is($e->{param}, $w->[1], "$name: param")
+                && like($e->{message}, qr/$want\(\Q$b->[1]\E at offset \d+\)$/,
+                        "$name: message")
+                && ok($r->{eof}, "$name: closed");
+        }
+    }
+    is($bad, 0, 'not UTF-8: every class in every place refused');
+    my $r = request($srv, { prompt => "\x{7f}\x{80}\x{7ff}\x{800}\x{d7ff}"
+                                      . "\x{e000}\x{fffd}\x{10000}\x{10ffff}",
+                            max_tokens => 2 });
+    ok_reply($r, 'the valid edge characters pass');
+    is_deeply([health($srv)], [200, 'ready'], 'still ready after bad text');
+}
+
+# --- seeds: fresh per request without one, reported in DONE ---------------
+{
+    my %req = (prompt => $PROMPT, temperature => 1, max_tokens => 48,
+               ignore_eos => JSON::PP::true);
+    my @r = map { request($srv, \%req) } 1 .. 4;
+    my @seeds = map { $_->{done}{seed} // -1 } @r;
+    is(scalar(grep { $_ >= 0 && $_ <= 9223372036854775807 } @seeds), 4,
+       'no seed: DONE reports the one drawn') or diag "@seeds";
+    is(scalar(keys %{{ map { $_ => 1 } @seeds }}), 4, 'no seed: four seeds');
+    cmp_ok(scalar(keys %{{ map { $_->{text} => 1 } @r }}), '>', 1,
+           'no seed: not the same 48 tokens four times');
+    my $again = request($srv, { %req, seed => $seeds[0] });
+    is($again->{text}, $r[0]{text}, 'the reported seed reproduces the text');
+    is($again->{done}{seed}, $seeds[0], 'a given seed is reported as it is');
+    my @g = map { request($srv, { %req, temperature => 0 }) } 1 .. 2;
+    is($g[0]{text}, $g[1]{text}, 'greedy: the same text without a seed');
+}
+
 # --- read timeout: a connection that never sends its frame -----------------
 {
     my $t0 = time;
@@ -207,7 +274,20 @@ my $srv = serve_start(args => ['--read-timeout', 2]);
     is($out, gen_text('--prompt', $PROMPT, '--max-tokens', 30),
        'client: text equals generate');
     like($err, qr/^prompt_tokens 5 cached_tokens \d+ completion_tokens 30 (?#
-                 )finish length\n\z/, 'client --usage: one line');
+                 )finish length seed \d+\n\z/, 'client --usage: one line');
+
+    # without --seed the engine draws one; --usage says which, and sending
+    # it back reproduces the text
+    my @o = ('--socket', $s, '--prompt', $PROMPT, '--max-tokens', 40,
+             '--temperature', 1, '--usage');
+    my (undef, $t1, $e1) = client(@o);
+    my (undef, $t2, $e2) = client(@o);
+    my ($s1) = $e1 =~ /seed (\d+)$/m;
+    my ($s2) = $e2 =~ /seed (\d+)$/m;
+    ok(defined $s1 && defined $s2 && $s1 ne $s2, 'client: a seed per run');
+    my (undef, $t3, $e3) = client(@o, '--seed', $s1);
+    is($t3, $t1, 'client: --seed with the reported seed reproduces the text');
+    like($e3, qr/ seed \Q$s1\E\n\z/, 'client: and reports it');
 
     ($rc, $out) = client('--socket', $s, '--prompt', "quote \" and \\ and \n",
                          '--max-tokens', 2, '--chat');

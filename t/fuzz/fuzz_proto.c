@@ -22,10 +22,19 @@
 #include "frame.h"
 #include "log.h"
 #include "request.h"
+#include "json_scan.h"
 #include "sampler.h"
 #include "stop.h"
 
 static volatile uint8_t sink;
+
+/* Every string of an accepted request is well-formed UTF-8. */
+static void check_text(const char *s) {
+    size_t n = strlen(s);
+
+    if (omni_utf8_valid(s, n) != n) abort();
+    sink ^= (uint8_t) n;
+}
 
 /* Walks a parsed request: every string read to its end (ASan checks each
  * lies in its allocation), every parameter passed to its consumer. */
@@ -37,13 +46,16 @@ static void check_request(const OmniRequest *r) {
 
     if (r->chat != (r->n_msgs > 0) || r->n_msgs > REQ_MAX_MESSAGES) abort();
     for (int i = 0; i < r->n_msgs; i++) {
-        sink ^= (uint8_t) strlen(r->msgs[i].role);
-        sink ^= (uint8_t) strlen(r->msgs[i].content);
+        check_text(r->msgs[i].role);
+        check_text(r->msgs[i].content);
     }
     if (!r->chat && (r->prompt == NULL || r->prompt[r->prompt_len] != '\0')) {
         abort();
     }
-    if (r->model != NULL) sink ^= (uint8_t) strlen(r->model);
+    if (!r->chat) check_text(r->prompt);
+    if (r->model != NULL) check_text(r->model);
+    for (int i = 0; i < r->n_stop; i++) check_text(r->stop[i]);
+    if (r->sampling.seed > (uint64_t) INT64_MAX) abort();
     if (r->cache_salt != NULL
         && (r->cache_salt_len == 0 || r->cache_salt_len > REQ_MAX_SALT
             || strlen(r->cache_salt) != r->cache_salt_len)) {
@@ -73,6 +85,10 @@ static void handle_frame(const FrameReader *fr) {
     if (fr->hdr.type != OMNI_F_REQUEST) return;
     if (request_parse(&r, (const char *) fr->payload, fr->hdr.len, &e) != 0) {
         if (e.err.msg[0] == '\0') abort();     // an error always says what
+        if (e.status != 400 && e.status != 503) abort();
+        if (omni_utf8_valid(e.param, strlen(e.param)) != strlen(e.param)) {
+            abort();                            // the param is quotable
+        }
         return;
     }
     check_request(&r);

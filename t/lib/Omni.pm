@@ -42,7 +42,10 @@
 # engine_metrics() (proto.pl's metrics: {name => value}), gen(%o) (the
 # engine's `generate` output, greedy, for the same prompt), chat_gen(%o),
 # sse_events($body), sse_frames($body), sse_parse($body, ...),
-# error_is($json, $type, $param, $code) (an OpenAI error object).
+# error_is($json, $type, $param, $code) (an OpenAI error object),
+# post_json($path, \%body) (a request of its own to the running nginx,
+# from a --- check: for tests that chain requests, such as sending back
+# the x-omni-seed of an earlier answer).
 package t::lib::Omni;
 
 use strict;
@@ -89,7 +92,8 @@ use Time::HiRes qw(time sleep);
 { package main; require './t/engine/proto.pl'; }
 
 our @EXPORT = qw(engine engine_metrics gen chat_gen sse_events sse_frames
-                 sse_parse error_is wait_engine_idle $DefaultConfig);
+                 sse_parse error_is wait_engine_idle post_json
+                 $DefaultConfig);
 
 $Pid0 = $$;
 $ENV{TEST_NGINX_OMNI_DEAD_SOCKET} = "$main::TMP/no-engine.sock";
@@ -283,6 +287,21 @@ sub error_is ($$;$$$) {
         if @_ > 3 && !(defined $code && $code eq '*');
     Test::More::ok(defined $e->{message} && length $e->{message},
                    "$name: a message");
+}
+
+# POSTs a JSON body to the nginx of the block being run (call it from a
+# --- check). Returns { status, headers => { lowercase name => value },
+# body, json (decoded, or undef) }.
+sub post_json ($$) {
+    my ($path, $body) = @_;
+    require HTTP::Tiny;
+    my $url = 'http://127.0.0.1:' . Test::Nginx::Util::server_port() . $path;
+    my $r = HTTP::Tiny->new(timeout => 60)->post($url, {
+        headers => { 'Content-Type' => 'application/json' },
+        content => JSON::PP->new->utf8->canonical->encode($body) });
+    return { status => $r->{status}, headers => $r->{headers},
+             body => $r->{content},
+             json => eval { decode_json($r->{content}) } };
 }
 
 # --- the block preprocessor and the --- check section ---------------------

@@ -108,7 +108,7 @@ static void test_round_trip_engine(void **state) {
 
 static void test_round_trip_client(void **state) {
     uint8_t   done[OMNI_DONE_LEN], err[64], health[16];
-    OmniDone  d = { 12, 8, 30, OMNI_FINISH_LENGTH };
+    OmniDone  d = { 12, 8, 30, OMNI_FINISH_LENGTH, 77 };
     OmniError e = { 400, "invalid_request_error", 21, "", 0, "", 0,
                     "bad", 3 };
     size_t    elen = omni_error_encode(err, &e);
@@ -548,7 +548,8 @@ static void test_put2(void **state) {
 
 static void test_done_codec(void **state) {
     uint8_t  p[OMNI_DONE_LEN];
-    OmniDone d = { 100000, 4096, 7, OMNI_FINISH_STOP }, e;
+    OmniDone d = { 100000, 4096, 7, OMNI_FINISH_STOP,
+                   0x7fedcba987654321ull }, e;
 
     (void) state;
     omni_done_encode(p, &d);
@@ -557,7 +558,10 @@ static void test_done_codec(void **state) {
     assert_int_equal(e.cached_tokens, 4096);
     assert_int_equal(e.completion_tokens, 7);
     assert_int_equal(e.finish, OMNI_FINISH_STOP);
+    assert_true(e.seed == 0x7fedcba987654321ull);
     assert_int_equal(p[13] | p[14] | p[15], 0);
+    assert_int_equal(p[16], 0x21);      /* little-endian */
+    assert_int_equal(p[23], 0x7f);
     d.finish = OMNI_FINISH_LENGTH;
     omni_done_encode(p, &d);
     assert_int_equal(omni_done_decode(&e, p), 0);

@@ -3,8 +3,10 @@
  * Every accepted request must also pass the checks downstream of the
  * parser (sampler_init, stop_init), so the valid cases feed the result to
  * both. Every rejected one must name the parameter exactly as the OpenAI
- * API does, leave the request owning nothing, and (under ASan) leak
- * nothing: truncated bodies are tried at every length. */
+ * API does, be a 400, leave the request owning nothing, and (under ASan)
+ * leak nothing: truncated bodies are tried at every length. Text that is
+ * not UTF-8 is refused in every field (json_scan.h has the validator's own
+ * test, test_json_scan.c); a request without a seed gets a fresh one. */
 
 #include <stdarg.h>
 #include <stddef.h>
@@ -82,6 +84,7 @@ static void rejects_len(const char *json, size_t len, const char *param,
         fail_msg("%.200s\n  got param '%s': %s\n  want param '%s': ...%s...",
                  json, e.param, e.err.msg, param, want);
     }
+    assert_int_equal(e.status, 400);
     assert_null(r.arena);
     assert_null(r.msgs);
     assert_null(r.prompt);
@@ -175,6 +178,8 @@ static void test_defaults(void **state) {
 
     sampler_params_default(&def);
     parse_ok("{\"prompt\": \"Once upon\"}", &r);
+    assert_true(r.seed_drawn);              // test_seed checks the value
+    def.seed = r.sampling.seed;
     assert_null(r.model);
     assert_false(r.chat);
     assert_null(r.msgs);
@@ -209,6 +214,8 @@ static void test_nulls(void **state) {
 
     sampler_params_default(&def);
     parse_ok(json, &r);
+    assert_true(r.seed_drawn);
+    def.seed = r.sampling.seed;
     assert_false(r.chat);
     assert_null(r.model);
     assert_int_equal(r.max_tokens, -1);
@@ -558,8 +565,7 @@ static void test_bad_json(void **state) {
         "", " ", "{", "}", "{\"prompt\": \"x\"", "{\"prompt\": \"x\",}",
         "{\"prompt\": \"x\"} {}", "{\"prompt\": \"x\"} x", "{'prompt': 'x'}",
         "{prompt: \"x\"}", "{\"prompt\": x}", "{\"prompt\": \"x\" \"y\"}",
-        "{\"prompt\": \"\x01\"}", "{\"prompt\": \"\xff\"}",
-        "{\"prompt\": \"\xc3\"}", "{\"prompt\": \"\\q\"}",
+        "{\"prompt\": \"\x01\"}", "{\"prompt\": \"\\q\"}",
         "{\"prompt\": \"\\u12\"}", "{\"prompt\": 01}", "{\"prompt\": -}",
         "{\"prompt\": .5}", "{\"prompt\": NaN}", "{\"prompt\": Infinity}",
         "{/* c */ \"prompt\": \"x\"}", "{\"prompt\": \"x\"} // c",
@@ -711,6 +717,112 @@ static void test_strings(void **state) {
     request_free(&r);
 }
 
+/* A request without a seed gets a fresh one (63 bits: a valid "seed" to
+ * send back); one with a seed keeps it. Eight draws that all differ: a
+ * repeat by chance has odds of about 2^-58. */
+static void test_seed(void **state) {
+    uint64_t    seen[8];
+    OmniRequest r;
+
+    for (int i = 0; i < 8; i++) {
+        parse_ok("{\"prompt\": \"x\", \"temperature\": 1}", &r);
+        assert_true(r.seed_drawn);
+        assert_true(r.sampling.seed <= (uint64_t) INT64_MAX);
+        seen[i] = r.sampling.seed;
+        for (int j = 0; j < i; j++) assert_true(seen[j] != seen[i]);
+        request_free(&r);
+    }
+    parse_ok("{\"prompt\": \"x\", \"seed\": null}", &r);
+    assert_true(r.seed_drawn);
+    request_free(&r);
+    parse_ok("{\"prompt\": \"x\", \"seed\": 0}", &r);
+    assert_false(r.seed_drawn);
+    assert_true(r.sampling.seed == 0);
+    request_free(&r);
+    parse_ok("{\"prompt\": \"x\", \"seed\": 42}", &r);
+    assert_false(r.seed_drawn);
+    assert_true(r.sampling.seed == 42);
+    request_free(&r);
+}
+
+/* Every class of ill-formed text, in every string a request carries, is
+ * refused the same way: 400, the value named, "not valid UTF-8 (...)". */
+static void test_utf8(void **state) {
+    static const struct {
+        const char *bytes;
+        const char *what;           // how the message shows them
+    } bad[] = {
+        { "\xc0\xaf", "bytes C0 AF" },            // overlong '/'
+        { "\xc1\xbf", "bytes C1 BF" },            // overlong U+007F
+        { "\xe0\x80\xaf", "bytes E0 80 AF" },     // overlong in 3
+        { "\xe0\x9f\xbf", "bytes E0 9F BF" },     // overlong U+07FF
+        { "\xf0\x8f\xbf\xbf", "bytes F0 8F BF BF" }, // overlong U+FFFF
+        { "\xed\xa0\x80", "bytes ED A0 80" },     // U+D800
+        { "\xed\xbf\xbf", "bytes ED BF BF" },     // U+DFFF
+        { "\xf4\x90\x80\x80", "bytes F4 90 80 80" }, // U+110000
+        { "\xf5\x80\x80\x80", "bytes F5 80 80 80" },
+        { "\xff", "byte FF" },
+        { "\x80", "byte 80" },                    // stray
+        { "\xc3", "byte C3" },                    // truncated
+        { "\xe2\x82", "bytes E2 82" },            // truncated
+        { "\xf0\x9f\x98", "bytes F0 9F 98" },     // truncated
+        { "\\ud800", "unpaired surrogate \\ud800" },
+        { "\\udfff", "unpaired surrogate \\udfff" },
+        { "\\ud83d\\u0041", "unpaired surrogate \\ud83d" },
+    };
+    static const struct {
+        const char *fmt;            // %s: the bad bytes, after "a"
+        const char *param;
+    } where[] = {
+        { "{\"prompt\": \"a%s\"}", "prompt" },
+        { "{\"model\": \"a%s\", \"prompt\": \"x\"}", "model" },
+        { "{\"messages\": [{\"role\": \"user\", \"content\": \"a%s\"}]}",
+          "messages[0].content" },
+        { "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"},"
+          " {\"role\": \"user\", \"content\": [{\"type\": \"text\","
+          " \"text\": \"a%s\"}]}]}", "messages[1].content[0].text" },
+        { "{\"messages\": [{\"role\": \"a%s\", \"content\": \"x\"}]}",
+          "messages[0].role" },
+        { "{\"prompt\": \"x\", \"stop\": \"a%s\"}", "stop" },
+        { "{\"prompt\": \"x\", \"stop\": [\"\\n\", \"a%s\"]}", "stop[1]" },
+        { "{\"prompt\": \"x\", \"cache_salt\": \"a%s\"}", "cache_salt" },
+        { "{\"prompt\": \"x\", \"user\": \"a%s\"}", "user" },
+        { "{\"prompt\": \"x\", \"a%s\": 1}", "" },
+    };
+
+    (void) state;
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        for (size_t j = 0; j < sizeof(where) / sizeof(where[0]); j++) {
+            char json[256], want[128];
+
+            snprintf(json, sizeof(json), where[j].fmt, bad[i].bytes);
+            snprintf(want, sizeof(want), "%snot valid UTF-8 (%s at offset",
+                     where[j].param[0] ? "" : "request JSON is ",
+                     bad[i].what);
+            rejects(json, where[j].param, want);
+        }
+    }
+    /* the valid edges of each length pass, byte for byte */
+    {
+        static const char edges[] =
+            "\x7f\xc2\x80\xdf\xbf\xe0\xa0\x80\xed\x9f\xbf\xee\x80\x80"
+            "\xef\xbf\xbf\xf0\x90\x80\x80\xf4\x8f\xbf\xbf";
+        char        json[128];
+        OmniRequest r;
+
+        snprintf(json, sizeof(json), "{\"prompt\": \"%s\", \"stop\": "
+                 "\"%s\", \"model\": \"%s\"}", edges, edges, edges);
+        parse_ok(json, &r);
+        assert_string_equal(r.prompt, edges);
+        assert_string_equal(r.stop[0], edges);
+        assert_string_equal(r.model, edges);
+        request_free(&r);
+        parse_ok("{\"prompt\": \"\\ud800\\udc00\\udbff\\udfff\"}", &r);
+        assert_string_equal(r.prompt, "\xf0\x90\x80\x80\xf4\x8f\xbf\xbf");
+        request_free(&r);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_full_request),
@@ -731,6 +843,8 @@ int main(void) {
         cmocka_unit_test(test_deep_nesting),
         cmocka_unit_test(test_many_values),
         cmocka_unit_test(test_strings),
+        cmocka_unit_test(test_seed),
+        cmocka_unit_test(test_utf8),
     };
 
     cmocka_set_message_output(CM_OUTPUT_TAP);
