@@ -211,13 +211,17 @@ Test::More::ok($new, "a new engine ($new) replaced $pid");
 Test::More::ok(main::wait_for(10, sub { !main::alive($pid) }),
                'the old one exited');
 Test::More::ok(main::ready(), 'the new one is ready');
+Test::More::ok(main::wait_for(10, sub {
+    main::error_log() =~ /\(pid $new\) took the place of pid $pid/ }),
+    'the cache manager saw it take over');
 Test::More::like(main::slurp("$main::State/engine.cmd"),
                  qr/--max-queue\x{0}99\x{0}/, 'engine.cmd has the new one');
 push @main::Gone, $new, main::children($new);
 --- request eval: $::Completion
 --- error_code: 200
 --- error_log eval
-qr/omni engine command line changed, stopping pid \d+/
+[qr/omni engine command line changed: a new engine starts beside pid \d+/,
+ qr/omni engine \(pid \d+\) took the place of pid \d+/]
 --- no_error_log
 [error]
 [alert]
@@ -316,6 +320,9 @@ main::none_left('QUIT');
 Test::More::ok(main::wait_for(10, sub {
     main::slurp("$main::State/engine.log") =~ /unknown option/ }),
     "engine.log says why");
+Test::More::ok(main::wait_for(10, sub {
+    main::error_log() =~ /did not start, see "[^"]+": "[^"]*unknown option/ }),
+    "error.log quotes it");
 Test::More::ok(!main::holder(), 'no engine runs');
 --- request
 GET /t
