@@ -1034,22 +1034,24 @@ static void on_listen(Frontend *fe) {
     }
 }
 
-/* Accepts what is queued and reads each frame at once. While draining:
- * nginx writes its request right after connect(), so a request found in
- * the backlog is answered (served while draining, 503 engine_shutdown
- * after) instead of being reset when the listener closes. */
+/* Accepts what is queued, then reads what every connection still waiting
+ * for its frame has sent. While draining: nginx writes its request right
+ * after connect(), so a request queued in the backlog or just accepted is
+ * answered (served while draining, 503 engine_shutdown after) instead of
+ * being reset when the drain ends with nothing in flight. */
 static void listen_backlog(Frontend *fe) {
     while (fe->lfd >= 0) {
         int fd = accept4(fe->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED) continue;
-            return;
+            break;
         }
         conn_accept(fe, fd);
-        if (fe->conns != NULL && fe->conns->fd == fd) {
-            conn_read(fe, fe->conns);   // conn_accept put it first
-        }
+    }
+    for (Conn *c = fe->rhead, *next; c != NULL; c = next) {
+        next = c->rnext;                // conn_read takes c off the list
+        conn_read(fe, c);
     }
 }
 
