@@ -113,6 +113,8 @@ typedef struct {
     off_t             log_size;     /* engine.log's size at the start */
     ngx_uint_t        failed;       /* a replacement by this command line
                                        failed: wait for the next reload */
+    ngx_uint_t        unreadable;   /* engine.cmd could not be read (said
+                                       once) */
 } ngx_omni_engine_conf_t;
 
 
@@ -241,6 +243,7 @@ ngx_omni_engine_create_conf(ngx_cycle_t *cycle)
      *     oecf->retry_at = 0;
      *     oecf->backoff = 0;
      *     oecf->failed = 0;
+     *     oecf->unreadable = 0;
      */
 
     oecf->interval = NGX_CONF_UNSET_MSEC;
@@ -554,6 +557,17 @@ ngx_omni_engine_manager(void *data)
         ngx_log_debug0(NGX_LOG_DEBUG_CORE, cycle->log, 0,
                        "omni engine: command line changed, left to the "
                        "new cache manager");
+
+        /* a replacement of ours is for a command line nobody wants now */
+
+        if (oecf->spawned && oecf->replacing) {
+            ngx_log_error(NGX_LOG_NOTICE, cycle->log, 0,
+                          "omni engine (pid %P) was started for another "
+                          "command line, stopping it", oecf->spawned);
+            ngx_omni_engine_stop(cycle, oecf, oecf->spawned);
+            oecf->spawned = 0;
+        }
+
         return oecf->interval;
     }
 
@@ -624,10 +638,23 @@ ngx_omni_engine_watch(ngx_cycle_t *cycle, ngx_omni_engine_conf_t *oecf,
         return;
     }
 
-    ngx_omni_engine_last_line(oecf, buf, sizeof(buf), &line);
-
     oecf->spawned = 0;
     oecf->replacing = 0;
+
+    /*
+     * it found engine.lock.next held by a replacement an earlier cache
+     * manager started: not a failure; the next check adopts or stops that
+     * one, and then starts ours again
+     */
+
+    if (!alive && old && ngx_omni_engine_holder(oecf->lock_next) > 0) {
+        ngx_log_error(NGX_LOG_NOTICE, cycle->log, 0,
+                      "omni engine (pid %P) gave way to a replacement "
+                      "already starting", pid);
+        return;
+    }
+
+    ngx_omni_engine_last_line(oecf, buf, sizeof(buf), &line);
 
     if (alive && old) {
         ngx_log_error(NGX_LOG_ERR, cycle->log, 0,
@@ -948,9 +975,12 @@ ngx_omni_engine_private(ngx_cycle_t *cycle, ngx_omni_engine_conf_t *oecf)
 
     ngx_log_error(NGX_LOG_NOTICE, cycle->log, 0,
                   "omni_engine_state_dir \"%V\" was open to others "
-                  "(mode %04uD), now %04uD", &oecf->state_dir,
-                  (uint32_t) (fi.st_mode & 07777),
-                  (uint32_t) (fi.st_mode & 07750));
+                  "(mode 0%uD%uD%uD), now 0%uD%uD0", &oecf->state_dir,
+                  (uint32_t) (fi.st_mode >> 6) & 7,
+                  (uint32_t) (fi.st_mode >> 3) & 7,
+                  (uint32_t) fi.st_mode & 7,
+                  (uint32_t) (fi.st_mode >> 6) & 7,
+                  (uint32_t) (fi.st_mode >> 3) & 5);
 }
 
 
@@ -1130,7 +1160,18 @@ ngx_omni_engine_compare(ngx_cycle_t *cycle, ngx_omni_engine_conf_t *oecf,
 static ngx_uint_t
 ngx_omni_engine_recorded(ngx_cycle_t *cycle, ngx_omni_engine_conf_t *oecf)
 {
-    return ngx_omni_engine_compare(cycle, oecf, oecf->cmd_file) == NGX_OK;
+    ngx_int_t  rc;
+
+    rc = ngx_omni_engine_compare(cycle, oecf, oecf->cmd_file);
+
+    if (rc == NGX_ERROR && !oecf->unreadable) {
+        ngx_log_error(NGX_LOG_ALERT, cycle->log, ngx_errno,
+                      "omni engine: cannot read \"%s\", leaving the engine "
+                      "alone", oecf->cmd_file);
+        oecf->unreadable = 1;
+    }
+
+    return rc == NGX_OK;
 }
 
 
@@ -1162,8 +1203,9 @@ ngx_omni_engine_runs(ngx_cycle_t *cycle, ngx_omni_engine_conf_t *oecf,
 static void
 ngx_omni_engine_record(ngx_cycle_t *cycle, ngx_omni_engine_conf_t *oecf)
 {
-    ssize_t   n;
-    ngx_fd_t  fd;
+    ssize_t           n;
+    ngx_fd_t          fd;
+    ngx_core_conf_t  *ccf;
 
     if (ngx_delete_file(oecf->cmd_temp) == NGX_FILE_ERROR
         && ngx_errno != NGX_ENOENT)
@@ -1174,12 +1216,22 @@ ngx_omni_engine_record(ngx_cycle_t *cycle, ngx_omni_engine_conf_t *oecf)
     }
 
     fd = ngx_open_file(oecf->cmd_temp, NGX_FILE_WRONLY,
-                       NGX_FILE_CREATE_OR_OPEN|O_EXCL,
-                       NGX_FILE_DEFAULT_ACCESS);
+                       NGX_FILE_CREATE_OR_OPEN|O_EXCL, 0600);
     if (fd == NGX_INVALID_FILE) {
         ngx_log_error(NGX_LOG_ALERT, cycle->log, ngx_errno,
                       ngx_open_file_n " \"%s\" failed", oecf->cmd_temp);
         return;
+    }
+
+    /* the cache manager, which reads it, runs as the worker user */
+
+    ccf = (ngx_core_conf_t *) ngx_get_conf(cycle->conf_ctx, ngx_core_module);
+
+    if (geteuid() == 0 && ccf->user != (ngx_uid_t) NGX_CONF_UNSET_UINT
+        && fchown(fd, ccf->user, ccf->group) == -1)
+    {
+        ngx_log_error(NGX_LOG_ALERT, cycle->log, ngx_errno,
+                      "fchown(\"%s\") failed", oecf->cmd_temp);
     }
 
     n = ngx_write_fd(fd, oecf->cmdline.data, oecf->cmdline.len);

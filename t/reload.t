@@ -46,8 +46,8 @@ my $port = free_port();
 my $engine = $ENGINE =~ m{^/} ? $ENGINE : "$root/$ENGINE";
 my $model = $MODEL =~ m{^/} ? $MODEL : "$root/$MODEL";
 (my $model_id = $model) =~ s{.*/|\.gguf$}{}g;
-my ($user, $group) = $> == 0 ? ('nobody', scalar getgrgid((getpwnam('nobody'))[3]))
-                             : ();
+my ($user, $group) = $> == 0
+    ? ('nobody', scalar getgrgid((getpwnam('nobody'))[3])) : ();
 my $pid0 = $$;
 
 remove_tree($prefix);
@@ -290,6 +290,7 @@ $master = fork() // die "fork: $!";
 if ($master == 0) {
     open(STDOUT, '>', "$prefix/logs/stdout.log") or die;
     open(STDERR, '>&', \*STDOUT) or die;
+    umask 027;                          # as `make run` starts it
     exec($nginx, '-p', "$prefix/", '-c', 'conf/nginx.conf',
          '-g', 'daemon off;') or POSIX::_exit(127);
 }
@@ -314,8 +315,10 @@ ok($live && alive($live), "engine A ($live) holds the lock");
     is($lg[2] & 0777, 0640, 'engine.log: mode 0640');
     my @lk = stat("$state/engine.lock");
     is($lk[2] & 0777, 0600, 'engine.lock: mode 0600');
+    my @cm = stat("$state/engine.cmd");
+    is($cm[2] & 0777, 0600, 'engine.cmd: mode 0600');
     SKIP: {
-        skip 'not root: nginx and the engine run as the invoking user', 4
+        skip 'not root: nginx and the engine run as the invoking user', 5
             unless $user;
         my $uid = getpwnam($user);
         my ($euid) = slurp("/proc/$live/status") =~ /^Uid:\s+\d+\s+(\d+)/m;
@@ -323,6 +326,7 @@ ok($live && alive($live), "engine A ($live) holds the lock");
         is($st[4], $uid, "state dir owned by $user");
         is($so[4], $uid, "socket owned by $user");
         is($lg[4], $uid, "engine.log owned by $user");
+        is($cm[4], $uid, "engine.cmd owned by $user (the master wrote it)");
     }
 }
 
@@ -352,11 +356,13 @@ close $fh;
     sleep 2;
     write_conf(model => $model2, args => '--isa ref');
     reload();
-    my $nb = wait_for(30, sub { my $h = holder(); $h && $h != $live ? $h : 0 });
+    my $nb = wait_for(30, sub { my $h = holder();
+                                $h && $h != $live ? $h : 0 });
     ok($nb, "$name: engine B ($nb) took the lock");
     ok(wait_for(30, sub { !alive($live) && !grep { alive($_) } @a_stage }),
        "$name: A and its stage exited");
-    ok(wait_for(10, sub { new_log() =~ /\(pid $nb\) took the place of pid $live/ }),
+    ok(wait_for(10, sub { new_log() =~ /\(pid $nb\) took the place of (?#
+                          )pid $live/ }),
        "$name: the cache manager saw B take A's place");
     waitpid($lg, 0);
     my $rc = $? >> 8;
@@ -388,7 +394,8 @@ close $fh;
     my $name = 'plain reload';
     mark_log();
     reload();
-    ok(wait_for(15, sub { new_log() =~ /\(pid $live\) already running, kept/ }),
+    ok(wait_for(15, sub { new_log() =~ /\(pid $live\) already running, (?#
+                          )kept/ }),
        "$name: the master kept it");
     sleep 1;                            # a few cache manager checks
     is(holder(), $live, "$name: same pid ($live)");
@@ -475,7 +482,8 @@ close $fh;
     kill 'KILL', $live;
     ok(wait_for(30, sub { holder() == $w }), "$name: W took the lock");
     ok(wait_for(30, sub { nginx_health() == 200 }), "$name: health 200 again");
-    ok(wait_for(10, sub { new_log() =~ /\(pid $w\) took the place of pid $live/ }),
+    ok(wait_for(10, sub { new_log() =~ /\(pid $w\) took the place of (?#
+                          )pid $live/ }),
        "$name: the cache manager saw it");
     unlike(new_log(), qr/respawning|not running, starting it/,
            "$name: no other engine was started meanwhile");
