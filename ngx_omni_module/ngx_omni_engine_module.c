@@ -1264,8 +1264,8 @@ static void
 ngx_omni_engine_last_line(ngx_omni_engine_conf_t *oecf, u_char *buf,
     size_t size, ngx_str_t *line)
 {
-    u_char           *p, *last;
     off_t             from;
+    u_char           *p, *last;
     ssize_t           n;
     ngx_fd_t          fd;
     ngx_file_info_t   fi;
