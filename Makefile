@@ -188,11 +188,17 @@ test: test-deps
 # private prefix build/run/. conf/nginx.conf is a template (nginx.conf has no
 # environment variables): its @NAME@ placeholders are filled in with sed.
 # Ctrl-C stops nginx, whose master stops the engine on its way out.
+# As root, nginx's workers and the engine run as the system user $OMNI_USER
+# (created when missing): the engine's socket, lock and log are theirs and
+# no one else's. Not as root, everything runs as the invoking user. Log
+# files are created under umask 027 (not world-readable).
 RUN_PKGS         := $(BUILD_PKGS) nginx nginx-dev
 RUN_DIR          := $(abspath $(BUILD)/run)
 OMNI_PORT        := $(or $(OMNI_PORT),8080)
 OMNI_MODEL       := $(or $(OMNI_MODEL),../shared/models/stories260K.gguf)
 OMNI_ENGINE_ARGS ?=
+OMNI_USER        ?= omni
+RUN_AS_ROOT      := $(filter 0,$(shell id -u))
 
 run:
 	$(call apt_ensure,$(RUN_PKGS))
@@ -200,6 +206,9 @@ run:
 	@test -f "$(OMNI_MODEL)" || { echo "make run: no model at" \
 	    "$(OMNI_MODEL) (set OMNI_MODEL)" >&2; exit 1; }
 	@mkdir -p $(RUN_DIR)/conf $(RUN_DIR)/logs $(RUN_DIR)/temp
+	$(if $(RUN_AS_ROOT),@id -u $(OMNI_USER) >/dev/null 2>&1 || \
+	    useradd --system --no-create-home --home-dir /nonexistent \
+	        --shell /usr/sbin/nologin $(OMNI_USER))
 	sed -e 's|@ROOT@|$(CURDIR)|g' -e 's|@PREFIX@|$(RUN_DIR)|g' \
 	    -e 's|@OMNI_PORT@|$(OMNI_PORT)|g' \
 	    -e 's|@OMNI_MODEL@|$(abspath $(OMNI_MODEL))|g' \
@@ -207,7 +216,8 @@ run:
 	    conf/nginx.conf > $(RUN_DIR)/conf/nginx.conf
 	@echo "make run: http://127.0.0.1:$(OMNI_PORT)/v1/ (engine log:" \
 	    "$(RUN_DIR)/omni/engine.log); Ctrl-C stops nginx and the engine"
-	exec /usr/sbin/nginx -p $(RUN_DIR)/ -c conf/nginx.conf -g 'daemon off;'
+	umask 027 && exec /usr/sbin/nginx -p $(RUN_DIR)/ -c conf/nginx.conf \
+	    -g 'daemon off;$(if $(RUN_AS_ROOT), user $(OMNI_USER);)'
 
 # Each fuzz target links only the sources it exercises (no kernels, no
 # threads), so it builds with clang alone and stays fast per input.

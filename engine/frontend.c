@@ -32,10 +32,20 @@
  * A stage that closes its channel but lives on is killed after
  * GONE_KILL_S.
  *
- * Shutdown (SIGTERM/SIGINT): RUN -> DRAIN (listener closed and unlinked;
- * requests in flight may finish for cfg->drain_s) -> FINISH (the rest get
+ * Shutdown (SIGTERM/SIGINT): RUN -> DRAIN (the socket file is removed if
+ * it is still ours, so nothing new can connect; connections already queued
+ * in the listen backlog are accepted and served, and requests in flight
+ * may finish, for cfg->drain_s) -> FINISH (listener closed; the rest get
  * 503 engine_shutdown, the stage channel is closed so the stage exits,
  * SIGKILL after STOP_KILL_S) -> return. A second signal skips the drain.
+ *
+ * Replacement (--replace, how nginx swaps engines without an outage): when
+ * another engine holds --lock-file, this one starts beside it on private
+ * names, <socket>.next and <lock-file>.next, and at its stage's first READY
+ * renames both over the public ones and sends the old engine SIGTERM. From
+ * the rename on, every connect() reaches us; the old engine sees that the
+ * socket path no longer names the file it bound (device, inode and ctime
+ * compared), leaves it alone, and drains as above.
  *
  * Freeing: a connection closed while one epoll batch is handled may have
  * another event later in the same batch, so closing marks it (fd -1) and
@@ -43,6 +53,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -129,8 +140,18 @@ typedef struct {
     const ServeConfig *cfg;     // borrowed
     int          ep;            // epoll, owned
     int          lfd;           // listener, -1 once closed
+    struct sockaddr_un laddr;   // where lfd is bound: cfg->socket_path, or
+                                //   <socket>.next until a takeover
+    bool         l_linked;      // laddr's file is still to be removed
+    dev_t        l_dev;         // that file, as bound: a path that names
+    ino_t        l_ino;         //   another file (or the same inode
+    struct timespec l_ctime;    //   number reused) is not ours to remove
+    bool         candidate;     // --replace beside a live engine: take
+                                //   its place at the first READY
+    char         lock_next[PATH_MAX];   // <lock-file>.next, a candidate's
     int          sfd;           // signalfd, owned
-    int          lock_fd;       // cfg->lock_file, locked; -1: none
+    int          lock_fd;       // cfg->lock_file (lock_next while a
+                                //   candidate), locked; -1: none
     Source       s_listen, s_signal, s_stage, s_stage_err;
     bool         listen_paused;
     double       listen_resume;
@@ -364,7 +385,7 @@ static void conn_accept(Frontend *fe, int fd) {
 static int health(const Frontend *fe, char *why, size_t cap) {
     const StageProc *sp = &fe->sp;
 
-    if (fe->phase != PHASE_RUN) {
+    if (fe->phase == PHASE_FINISH) {
         snprintf(why, cap, "the engine is shutting down");
         return 503;
     }
@@ -473,7 +494,9 @@ static void request_start(Frontend *fe, Conn *c) {
     char        why[1024];
 
     c->t_arrive = clock_now_s();
-    if (fe->phase != PHASE_RUN) {
+    /* while draining, what reaches us was queued before the socket file
+       went (or passed to our replacement): it is served like the rest */
+    if (fe->phase == PHASE_FINISH) {
         conn_error(fe, c, 503, NULL, "engine_shutdown",
                    "the engine is shutting down");
         return;
@@ -669,6 +692,8 @@ static void on_event(Frontend *fe, const uint8_t *p, size_t len) {
     }
 }
 
+static void takeover(Frontend *fe);
+
 static void on_ready(Frontend *fe, const uint8_t *p, size_t len) {
     char      *s = malloc(len + 1);
     yajl_val   v, id, n, k;
@@ -702,6 +727,7 @@ static void on_ready(Frontend *fe, const uint8_t *p, size_t len) {
     log_msg(LOG_INFO, "thinker stage (pid %d) ready: model %s, context %"
             PRId64 ", kernels %s", (int) fe->sp.pid, fe->model_id,
             fe->max_model_len, fe->kernels);
+    if (fe->candidate && fe->phase == PHASE_RUN) takeover(fe);
 }
 
 static void on_started(Frontend *fe, const uint8_t *p, size_t len) {
@@ -884,41 +910,97 @@ static int listen_check(const char *path, Err *err) {
     return 0;
 }
 
-/* The socket file's mode is 0777 minus the umask: run the engine under
- * umask 007 (and nginx in its group) to keep other users out. There is a
- * window between the check and bind in which a second engine could start;
- * bind then fails for one of them (EADDRINUSE), which is the right
- * outcome. */
-static int listen_open(Frontend *fe, Err *err) {
-    struct sockaddr_un a = { .sun_family = AF_UNIX };
-    const char        *path = fe->cfg->socket_path;
-    uint32_t           ev = 0;
+/* Remembers which file the socket path names: ours, just after bind or
+ * rename. */
+static void listen_mark(Frontend *fe) {
+    struct stat sb;
 
-    if (strlen(path) >= sizeof(a.sun_path)) {
-        return err_set(err, "%s: socket path too long (at most %zu bytes)",
-                       path, sizeof(a.sun_path) - 1);
+    fe->l_linked = lstat(fe->laddr.sun_path, &sb) == 0;
+    if (!fe->l_linked) {
+        log_msg(LOG_WARN, "%s: %s", fe->laddr.sun_path, strerror(errno));
+        return;
     }
-    if (listen_check(path, err) != 0) return -1;
-    memcpy(a.sun_path, path, strlen(path) + 1);
+    fe->l_dev = sb.st_dev;
+    fe->l_ino = sb.st_ino;
+    fe->l_ctime = sb.st_ctim;
+}
+
+/* Whether the socket path still names the file we bound. After a
+ * replacement took over it names that engine's; the ctime tells a reused
+ * inode number apart (rename and bind both set it). */
+static bool listen_owns_path(const Frontend *fe) {
+    struct stat sb;
+
+    return lstat(fe->laddr.sun_path, &sb) == 0 && sb.st_dev == fe->l_dev
+           && sb.st_ino == fe->l_ino
+           && sb.st_ctim.tv_sec == fe->l_ctime.tv_sec
+           && sb.st_ctim.tv_nsec == fe->l_ctime.tv_nsec;
+}
+
+/* Binds cfg->socket_path, or <socket>.next for a candidate. The socket file
+ * is created under a umask of at least 0117, so its mode is at most 0660:
+ * whoever may connect is the engine's user or group, whatever umask we
+ * were started with. There is a window between the check and bind in
+ * which a second engine could start; bind then fails for one of them
+ * (EADDRINUSE), which is the right outcome. */
+static int listen_open(Frontend *fe, Err *err) {
+    const char *path = fe->cfg->socket_path;
+    const char *sfx = fe->candidate ? ".next" : "";
+    size_t      cap = sizeof(fe->laddr.sun_path);
+    uint32_t    ev = 0;
+    mode_t      mask;
+    int         rc;
+
+    fe->laddr.sun_family = AF_UNIX;
+    if (strlen(path) + strlen(sfx) >= cap) {
+        return err_set(err, "%s%s: socket path too long (at most %zu bytes)",
+                       path, sfx, cap - 1);
+    }
+    memcpy(fe->laddr.sun_path, path, strlen(path));
+    memcpy(fe->laddr.sun_path + strlen(path), sfx, strlen(sfx) + 1);
+    if (listen_check(fe->laddr.sun_path, err) != 0) return -1;
     fe->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fe->lfd < 0) return err_set(err, "socket: %s", strerror(errno));
-    if (bind(fe->lfd, (struct sockaddr *) &a, sizeof(a)) != 0
-        || listen(fe->lfd, SOMAXCONN) != 0)
-    {
-        err_set(err, "%s: %s", path, strerror(errno));
+    mask = umask(0);
+    umask(mask | 0117);
+    rc = bind(fe->lfd, (struct sockaddr *) &fe->laddr, sizeof(fe->laddr));
+    umask(mask);
+    if (rc != 0 || listen(fe->lfd, SOMAXCONN) != 0) {
+        err_set(err, "%s: %s", fe->laddr.sun_path, strerror(errno));
         close(fe->lfd);
         fe->lfd = -1;
         return -1;
     }
+    listen_mark(fe);
     ep_set(fe, fe->lfd, &ev, EPOLLIN, &fe->s_listen);
     return 0;
 }
 
+/* Stops accepting; what is still queued is reset. The file stays. */
 static void listen_close(Frontend *fe) {
     if (fe->lfd < 0) return;
     close(fe->lfd);
     fe->lfd = -1;
-    unlink(fe->cfg->socket_path);
+    fe->listen_paused = false;
+}
+
+/* Removes the socket file, once, if the path still names it: after a
+ * takeover it names the engine that replaced us, and removing it would cut
+ * that engine off from nginx. (A replacement renames over the path before
+ * it signals us, so the check and unlink cannot straddle that rename
+ * unless something else stops us at the same moment.) */
+static void listen_unlink(Frontend *fe) {
+    if (!fe->l_linked) return;
+    fe->l_linked = false;
+    if (!listen_owns_path(fe)) {
+        log_msg(LOG_INFO, "%s is another engine's socket now; left in place",
+                fe->laddr.sun_path);
+        return;
+    }
+    if (unlink(fe->laddr.sun_path) != 0) {
+        log_msg(LOG_WARN, "removing %s: %s", fe->laddr.sun_path,
+                strerror(errno));
+    }
 }
 
 /* Out of descriptors: stop accepting for a moment instead of spinning on
@@ -953,12 +1035,36 @@ static void on_listen(Frontend *fe) {
     }
 }
 
+/* Accepts what is queued, then reads what every connection still waiting
+ * for its frame has sent. While draining: nginx writes its request right
+ * after connect(), so a request queued in the backlog or just accepted is
+ * answered (served while draining, 503 engine_shutdown after) instead of
+ * being reset when the drain ends with nothing in flight. */
+static void listen_backlog(Frontend *fe) {
+    while (fe->lfd >= 0) {
+        int fd = accept4(fe->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            break;
+        }
+        conn_accept(fe, fd);
+    }
+    for (Conn *c = fe->rhead, *next; c != NULL; c = next) {
+        next = c->rnext;                // conn_read takes c off the list
+        conn_read(fe, c);
+    }
+}
+
 
 /* ---- Shutdown and signals ----------------------------------------------- */
 
 /* Ends what is still running; connections that never sent their frame
  * are closed, so an idle client cannot hold up the exit. */
 static void finish_begin(Frontend *fe) {
+    fe->phase = PHASE_FINISH;
+    listen_backlog(fe);
+    listen_close(fe);
     for (Conn *c = fe->conns, *next; c != NULL; c = next) {
         next = c->next;
         if (c->state == CONN_ACTIVE) {
@@ -968,22 +1074,24 @@ static void finish_begin(Frontend *fe) {
             conn_close(fe, c);
         }
     }
-    fe->phase = PHASE_FINISH;
     fe->stop_kill_at = clock_now_s() + STOP_KILL_S;
     stage_channel_closed(fe);           // the stage exits on EOF
     fe->gone_kill_at = INFINITY;        // stop_kill_at governs now
 }
 
-static void stop_begin(Frontend *fe, int sig) {
+/* The listener stays open while draining: with the socket file gone (or
+ * passed on to our replacement) nothing new can connect, and what was
+ * already queued is served (listen_backlog). */
+static void stop_begin(Frontend *fe, const char *why) {
     if (fe->phase != PHASE_RUN) {
         log_msg(LOG_WARN, "second %s: not waiting for requests in flight",
-                strsignal(sig));
+                why);
         if (fe->phase == PHASE_DRAIN) finish_begin(fe);
         return;
     }
     log_msg(LOG_WARN, "%s: draining %" PRId64 " requests (at most %d s)",
-            strsignal(sig), fe->n_active, fe->cfg->drain_s);
-    listen_close(fe);
+            why, fe->n_active, fe->cfg->drain_s);
+    listen_unlink(fe);
     fe->phase = PHASE_DRAIN;
     fe->drain_until = clock_now_s() + fe->cfg->drain_s;
 }
@@ -995,7 +1103,7 @@ static void on_signal(Frontend *fe) {
         if (si.ssi_signo == SIGCHLD) {
             if (sup_reap(&fe->sp)) stage_died(fe);
         } else {
-            stop_begin(fe, (int) si.ssi_signo);
+            stop_begin(fe, strsignal((int) si.ssi_signo));
         }
     }
 }
@@ -1062,10 +1170,9 @@ static void run_timers(Frontend *fe) {
         log_msg(LOG_INFO, "connection closed: %s", why);
         conn_error(fe, fe->rhead, 408, NULL, "request_timeout", why);
     }
-    if (fe->phase == PHASE_DRAIN && (fe->n_active == 0
-                                     || t >= fe->drain_until))
-    {
-        finish_begin(fe);
+    if (fe->phase == PHASE_DRAIN) {
+        listen_backlog(fe);
+        if (fe->n_active == 0 || t >= fe->drain_until) finish_begin(fe);
     }
     if (fe->phase == PHASE_FINISH && fe->sp.pid > 0 && t >= fe->stop_kill_at)
     {
@@ -1142,34 +1249,115 @@ static void loop(Frontend *fe) {
  * The descriptor is CLOEXEC so the stage never inherits it, and nothing
  * else in this process may open the file: closing any descriptor of it
  * would drop the lock (POSIX record-lock semantics). The pid written into
- * the file is for people; programs ask F_GETLK. */
-static int lock_take(Frontend *fe, Err *err) {
-    const char  *path = fe->cfg->lock_file;
+ * the file is for people; programs ask F_GETLK.
+ *
+ * With --replace, a held lock is not the end: the candidate locks
+ * <lock-file>.next instead (one candidate at a time) and, at takeover,
+ * renames it over the lock file. The lock belongs to the inode, so from
+ * that instant F_GETLK on the path names the new engine, and the old one
+ * keeps its lock on a file no path reaches until it exits. */
+
+/* The pid holding a lock on path, 0 if none. Never used on a file this
+ * process locks (see above). */
+static pid_t lock_holder(const char *path) {
     struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
-    int          fd, e;
+    int          fd = open(path, O_RDONLY | O_CLOEXEC);
+
+    if (fd < 0) return 0;
+    if (fcntl(fd, F_GETLK, &fl) != 0) fl.l_type = F_UNLCK;
+    close(fd);
+    return fl.l_type == F_UNLCK ? 0 : fl.l_pid;
+}
+
+/* Locks path (created 0600) into *fd. Returns 0, -1 with err set, or 1
+ * when another process holds it (err then says who). */
+static int lock_try(const char *path, int *fd, Err *err) {
+    struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
+    pid_t        pid;
+    int          e;
+
+    *fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (*fd < 0) return err_set(err, "%s: %s", path, strerror(errno));
+    if (fcntl(*fd, F_SETLK, &fl) == 0) {
+        if (ftruncate(*fd, 0) == 0) dprintf(*fd, "%d\n", (int) getpid());
+        return 0;
+    }
+    e = errno;
+    close(*fd);
+    *fd = -1;
+    if (e != EAGAIN && e != EACCES) {
+        return err_set(err, "%s: locking: %s", path, strerror(e));
+    }
+    pid = lock_holder(path);
+    if (pid > 0) err_set(err, "another engine (pid %d) holds %s", (int) pid,
+                         path);
+    else err_set(err, "another engine held %s a moment ago", path);
+    return 1;
+}
+
+static int lock_take(Frontend *fe, Err *err) {
+    const char *path = fe->cfg->lock_file;
+    int         rc;
 
     if (path == NULL) return 0;
-    fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (fd < 0) return err_set(err, "%s: %s", path, strerror(errno));
-    if (fcntl(fd, F_SETLK, &fl) != 0) {
-        e = errno;
-        fl = (struct flock) { .l_type = F_WRLCK, .l_whence = SEEK_SET };
-        if ((e == EAGAIN || e == EACCES) && fcntl(fd, F_GETLK, &fl) == 0
-            && fl.l_type != F_UNLCK)
-        {
-            err_set(err, "another engine (pid %d) holds %s", (int) fl.l_pid,
-                    path);
-        } else if (e == EAGAIN || e == EACCES) {
-            err_set(err, "another engine held %s a moment ago", path);
-        } else {
-            err_set(err, "%s: locking: %s", path, strerror(e));
-        }
-        close(fd);
-        return -1;
+    rc = lock_try(path, &fe->lock_fd, err);
+    if (rc <= 0 || !fe->cfg->replace) return rc == 0 ? 0 : -1;
+    if ((size_t) snprintf(fe->lock_next, sizeof(fe->lock_next), "%s.next",
+                          path) >= sizeof(fe->lock_next))
+    {
+        return err_set(err, "%s: path too long", path);
     }
-    if (ftruncate(fd, 0) == 0) dprintf(fd, "%d\n", (int) getpid());
-    fe->lock_fd = fd;
+    log_msg(LOG_INFO, "%s: starting beside it, in its place once ready",
+            err->msg);
+    if (lock_try(fe->lock_next, &fe->lock_fd, err) != 0) {
+        return err_prefix(err, "another replacement is starting");
+    }
+    fe->candidate = true;
     return 0;
+}
+
+
+/* ---- Replacement -------------------------------------------------------- */
+
+/* A candidate's stage is ready: take the live engine's place. The socket
+ * first: rename(2) is atomic, so every connect() from now on reaches us
+ * and none finds the path missing, while what is queued at the old engine
+ * stays there and is served by it. Then the lock, so that F_GETLK on
+ * --lock-file names us (and a second engine is refused by us). Then the
+ * old engine, found by its lock before the renames, is told to drain.
+ * If the socket cannot be renamed the old engine keeps serving and we
+ * shut down: we can serve no one. */
+static void takeover(Frontend *fe) {
+    const ServeConfig *cfg = fe->cfg;
+    pid_t              old = lock_holder(cfg->lock_file);
+    char               from[sizeof(fe->laddr.sun_path)];
+
+    memcpy(from, fe->laddr.sun_path, sizeof(from));
+    if (rename(from, cfg->socket_path) != 0) {
+        log_msg(LOG_ERROR, "taking over %s: renaming %s: %s",
+                cfg->socket_path, from, strerror(errno));
+        stop_begin(fe, "could not take over the socket");
+        return;
+    }
+    snprintf(fe->laddr.sun_path, sizeof(fe->laddr.sun_path), "%s",
+             cfg->socket_path);
+    listen_mark(fe);                    // the rename set a new ctime
+    if (rename(fe->lock_next, cfg->lock_file) != 0) {
+        log_msg(LOG_ERROR, "taking over %s: renaming %s: %s", cfg->lock_file,
+                fe->lock_next, strerror(errno));
+    }
+    fe->candidate = false;
+    if (old <= 0) {
+        log_msg(LOG_INFO, "serving on %s (the engine before is gone)",
+                cfg->socket_path);
+        return;
+    }
+    log_msg(LOG_INFO, "serving on %s in place of pid %d, which drains and "
+            "exits", cfg->socket_path, (int) old);
+    if (kill(old, SIGTERM) != 0) {
+        log_msg(LOG_WARN, "kill(%d, SIGTERM): %s", (int) old,
+                strerror(errno));
+    }
 }
 
 
@@ -1203,6 +1391,7 @@ static void frontend_free(Frontend *fe) {
     while (fe->conns != NULL) conn_close(fe, fe->conns);
     free_dead(fe);
     listen_close(fe);
+    listen_unlink(fe);
     if (fe->sp.pid > 0) {
         kill(fe->sp.pid, SIGKILL);
         while (!sup_reap(&fe->sp)) usleep(10000);
@@ -1231,7 +1420,8 @@ int frontend_run(const ServeConfig *cfg, int argc, char **argv, Err *err) {
     } else if (signals_open(fe, err) == 0 && lock_take(fe, err) == 0
                && listen_open(fe, err) == 0)
     {
-        log_msg(LOG_INFO, "serving %s on %s", fe->model_id, cfg->socket_path);
+        log_msg(LOG_INFO, "serving %s on %s", fe->model_id,
+                fe->laddr.sun_path);
         stage_start(fe);
         loop(fe);
         rc = 0;

@@ -582,7 +582,9 @@ static const char *const SERVE_VALS[] = {
     "max-batch-tokens", "max-seqs", "max-queue", "block-size", "kv-cache-mb",
     "drain-timeout", "read-timeout", "log-level", "lock-file", NULL
 };
-static const char *const SERVE_FLAGS[] = { "mmap", "no-prefix-cache", NULL };
+static const char *const SERVE_FLAGS[] = {
+    "mmap", "no-prefix-cache", "replace", NULL
+};
 
 /* The served name when --model-name is not given: the file's name
  * without its directory and ".gguf". */
@@ -637,6 +639,10 @@ static void read_serve(const Opts *o, ServeConfig *c, char *name, size_t cap)
     c->drain_s = (int) opt_int(o, "drain-timeout", 30, 0, 86400);
     c->read_timeout_s = (int) opt_int(o, "read-timeout", 10, 1, 86400);
     c->lock_file = opt_str(o, "lock-file", NULL);   // the stage ignores it
+    c->replace = opt_flag(o, "replace");
+    if (c->replace && c->lock_file == NULL) {
+        die("option '--replace' needs '--lock-file'");
+    }
     log_set_level(parse_log_level(opt_str(o, "log-level", "info")));
 }
 
@@ -772,7 +778,7 @@ static void usage(FILE *f) {
           "             [--max-queue 1024] [--block-size 16]\n"
           "             [--kv-cache-mb 1024] [--no-prefix-cache]\n"
           "             [--drain-timeout 30] [--read-timeout 10]\n"
-          "             [--log-level info] [--lock-file PATH]\n"
+          "             [--log-level info] [--lock-file PATH [--replace]]\n"
           "  stage      thinker --ipc-fd N --stats-fd N [serve options]\n"
           "             (started by serve, not by hand)\n"
           "  client     --socket PATH --prompt TEXT [--chat] [--model NAME]\n"

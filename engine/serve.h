@@ -42,13 +42,16 @@ typedef struct {
     const char *lock_file;          // NULL: none; else the frontend holds
                                     //   an fcntl write lock on it while it
                                     //   lives (one engine per lock file)
+    bool        replace;            // when another engine holds lock_file:
+                                    //   start beside it, take its place
+                                    //   once ready (frontend.c)
 } ServeConfig;
 
 /* The frontend. argv (argc entries) are the serve options exactly as given,
  * passed on to the stage it starts. Returns 0 after a clean SIGTERM/SIGINT
  * shutdown, or -1 with err set when it cannot start (socket in use,
  * cfg->lock_file held by another engine: "another engine (pid N) holds
- * PATH", ...). */
+ * PATH" unless cfg->replace, ...). */
 int frontend_run(const ServeConfig *cfg, int argc, char **argv, Err *err);
 
 /* The thinker stage: loads the model, says READY on ipc_fd, serves SUBMIT

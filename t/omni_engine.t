@@ -5,7 +5,9 @@
 # keeping the engine, a reload with a new command line replacing it,
 # kill -9 of the engine (respawned, requests work again), a killed master
 # (the next nginx adopts the engine), `nginx -t` (starts none), a command
-# line that cannot start (nginx keeps serving); after the blocks, nginx
+# line that cannot start (nginx keeps serving), the modes of the state
+# directory, socket, lock and log (a reload narrows a state directory open
+# to others; a restarted engine narrows its log); after the blocks, nginx
 # stopped with QUIT and with TERM leaves no engine process behind.
 use strict;
 use warnings;
@@ -139,6 +141,12 @@ __DATA__
 my $pid = main::ready();
 Test::More::ok($pid, "an engine runs ($pid)");
 Test::More::ok(-S $main::Sock, 'it serves on the socket');
+Test::More::is((stat $main::State)[2] & 07777, 0700, 'state dir: 0700');
+Test::More::is((stat $main::Sock)[2] & 0777, 0660, 'socket: 0660');
+Test::More::is((stat "$main::State/engine.log")[2] & 0777, 0640,
+               'engine.log: 0640');
+Test::More::is((stat "$main::State/engine.lock")[2] & 0777, 0600,
+               'engine.lock: 0600');
 my ($rc, undef, $err) = main::run_engine('serve', '--model', $main::MODEL,
     '--socket', "$main::State/second.sock", '--threads', 1,
     '--lock-file', "$main::State/engine.lock");
@@ -211,13 +219,17 @@ Test::More::ok($new, "a new engine ($new) replaced $pid");
 Test::More::ok(main::wait_for(10, sub { !main::alive($pid) }),
                'the old one exited');
 Test::More::ok(main::ready(), 'the new one is ready');
+Test::More::ok(main::wait_for(10, sub {
+    main::error_log() =~ /\(pid $new\) took the place of pid $pid/ }),
+    'the cache manager saw it take over');
 Test::More::like(main::slurp("$main::State/engine.cmd"),
                  qr/--max-queue\x{0}99\x{0}/, 'engine.cmd has the new one');
 push @main::Gone, $new, main::children($new);
 --- request eval: $::Completion
 --- error_code: 200
 --- error_log eval
-qr/omni engine command line changed, stopping pid \d+/
+[qr/omni engine command line changed: a new engine starts beside pid \d+/,
+ qr/omni engine \(pid \d+\) took the place of pid \d+/]
 --- no_error_log
 [error]
 [alert]
@@ -316,6 +328,9 @@ main::none_left('QUIT');
 Test::More::ok(main::wait_for(10, sub {
     main::slurp("$main::State/engine.log") =~ /unknown option/ }),
     "engine.log says why");
+Test::More::ok(main::wait_for(10, sub {
+    main::error_log() =~ /did not start, see "[^"]+": "[^"]*unknown option/ }),
+    "error.log quotes it");
 Test::More::ok(!main::holder(), 'no engine runs');
 --- request
 GET /t
@@ -338,7 +353,32 @@ GET /health
 
 
 
-=== TEST 10: a healthy engine again (stopped with TERM after the blocks)
+=== TEST 10: a reload takes group write and others' access off the state dir
+--- init
+main::none_left('QUIT');
+my $pid = main::ready();
+chmod 0777, $main::State or die;
+chmod 0666, "$main::State/engine.log" or die;
+kill 'HUP', main::master_pid();
+Test::More::ok(main::wait_for(10, sub {
+    main::error_log() =~ /"\Q$main::State\E" was open to others \(mode 0777\), (?#
+                          )now 0750/ }), 'logged');
+Test::More::is((stat $main::State)[2] & 07777, 0750, 'state dir: 0750');
+Test::More::is(main::holder(), $pid, 'the engine is kept');
+kill 'KILL', $pid;
+my $new = main::wait_for(10, sub { my $h = main::holder();
+                                   $h != $pid ? $h : 0 });
+Test::More::ok($new, "respawned: $new");
+Test::More::is((stat "$main::State/engine.log")[2] & 0777, 0640,
+               'the engine it starts narrows engine.log to 0640');
+push @main::Gone, $new, main::children($new);
+--- request
+GET /health
+--- error_code: 200
+
+
+
+=== TEST 11: a healthy engine again (stopped with TERM after the blocks)
 --- init
 my $pid = main::ready();
 Test::More::ok($pid, "an engine runs ($pid)");
