@@ -131,9 +131,9 @@ typedef struct {
 } TopLog;
 
 /* The order greedy picks by: higher logit, lower id on equal logits; NaN
- * is never better than anything. */
+ * is worse than any number (so a NaN kept early does not block the rest). */
 static bool cand_better(float la, int32_t a, float lb, int32_t b) {
-    return la > lb || (la == lb && a < b);
+    return la > lb || (la == lb && a < b) || (isnan(lb) && !isnan(la));
 }
 
 /* The k best of logits[0..n) into top[0..k), best first, by insertion:
