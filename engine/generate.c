@@ -1,7 +1,16 @@
-/* generate.c -- see generate.h. */
+/* generate.c -- see generate.h.
+ *
+ * The --top-logits report is written with yajl's generator (escaping,
+ * UTF-8 validation), one line per step. It is a diagnostic: it allocates
+ * its scratch (K candidates, a copy of the logits, the generator) once
+ * before the first token and costs O(n_vocab) per step plus a line of
+ * output. */
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <yajl/yajl_gen.h>
 
 #include "generate.h"
 
@@ -103,6 +112,184 @@ static void emit_tail(Generator *g, Detok *d, StopMatcher *sm, GenEmitFn emit,
     if (n > 0) emit(ud, out, n);
 }
 
+
+/* ---- --top-logits ---------------------------------------------------- */
+
+typedef struct {
+    int32_t id;
+    float   logit;
+} Cand;
+
+typedef struct {
+    Cand    *top;           // (k,) best first, owned
+    float   *raw;           // (n_vocab,) the step's logits as the model
+                            //   gave them, owned
+    int32_t  k;             // kept: max(K, 2) when the vocabulary allows
+    int32_t  k_out;         // reported: K
+    yajl_gen j;             // owned
+    FILE    *out;           // borrowed
+} TopLog;
+
+/* The order greedy picks by: higher logit, lower id on equal logits; NaN
+ * is worse than any number (so a NaN kept early does not block the rest). */
+static bool cand_better(float la, int32_t a, float lb, int32_t b) {
+    return la > lb || (la == lb && a < b) || (isnan(lb) && !isnan(la));
+}
+
+/* The k best of logits[0..n) into top[0..k), best first, by insertion:
+ * most logits lose to the worst kept one at the first comparison, so
+ * O(n) on real logits, O(n k) at worst. */
+static void top_collect(const float *logits, int32_t n, Cand *top, int32_t k)
+{
+    int32_t m = 0;
+
+    for (int32_t i = 0; i < n; i++) {
+        int32_t j;
+
+        if (m == k && !cand_better(logits[i], i, top[k - 1].logit,
+                                   top[k - 1].id))
+        {
+            continue;
+        }
+        j = m < k ? m++ : k - 1;
+        for (; j > 0 && cand_better(logits[i], i, top[j - 1].logit,
+                                    top[j - 1].id); j--)
+        {
+            top[j] = top[j - 1];
+        }
+        top[j] = (Cand) { i, logits[i] };
+    }
+}
+
+static void json_key(yajl_gen j, const char *k) {
+    yajl_gen_string(j, (const unsigned char *) k, strlen(k));
+}
+
+/* 9 significant digits tell any two floats apart; JSON has no inf/NaN. */
+static void json_float(yajl_gen j, double x) {
+    char buf[32];
+    int  n;
+
+    if (!isfinite(x)) {
+        yajl_gen_null(j);
+        return;
+    }
+    n = snprintf(buf, sizeof(buf), "%.9g", x);
+    yajl_gen_number(j, buf, (size_t) n);
+}
+
+/* A token's bytes as a JSON string; "<0xXX>" per byte when they are not
+ * valid UTF-8 on their own (a byte-fallback piece of a longer character):
+ * yajl refuses such a string before writing anything. */
+static void json_piece(Generator *g, yajl_gen j, int32_t id) {
+    char   *buf = g->text, hex[8];
+    size_t  n = tokenizer_piece(g->tk, id, true, buf, g->text_cap), o = 0;
+
+    if (n > g->text_cap) {
+        yajl_gen_null(j);
+        return;
+    }
+    if (yajl_gen_string(j, (unsigned char *) buf, n)
+        != yajl_gen_invalid_string)
+    {
+        return;
+    }
+    /* 6 bytes per byte, in place (text is 2 * text_cap bytes): rendered
+       from the end, so each byte is read before it is overwritten */
+    if (n * 6 > g->text_cap * 2) {
+        yajl_gen_null(j);
+        return;
+    }
+    o = n * 6;
+    for (size_t i = n; i-- > 0; ) {
+        snprintf(hex, sizeof(hex), "<0x%02X>", (unsigned char) buf[i]);
+        memcpy(buf + i * 6, hex, 6);
+    }
+    yajl_gen_string(j, (unsigned char *) buf, o);
+}
+
+static int toplog_init(TopLog *t, const GenParams *p, int32_t n_vocab,
+                       Err *err)
+{
+    memset(t, 0, sizeof(*t));
+    if (p->top_logits == 0) return 0;
+    if (p->top_logits < 0 || p->top_logits > n_vocab) {
+        return err_set(err, "top logits: K must be between 0 and the "
+                       "vocabulary size %d, got %d", (int) n_vocab,
+                       (int) p->top_logits);
+    }
+    t->k_out = p->top_logits;
+    t->k = t->k_out < 2 && n_vocab >= 2 ? 2 : t->k_out;
+    t->out = p->top_out != NULL ? p->top_out : stderr;
+    t->top = malloc((size_t) t->k * sizeof(Cand));
+    t->raw = malloc((size_t) n_vocab * sizeof(float));
+    t->j = yajl_gen_alloc(NULL);
+    if (t->top == NULL || t->raw == NULL || t->j == NULL) {
+        free(t->top);
+        free(t->raw);
+        if (t->j != NULL) yajl_gen_free(t->j);
+        memset(t, 0, sizeof(*t));
+        return err_set(err, "out of memory");
+    }
+    yajl_gen_config(t->j, yajl_gen_validate_utf8, 1);
+    return 0;
+}
+
+static void toplog_free(TopLog *t) {
+    free(t->top);
+    free(t->raw);
+    if (t->j != NULL) yajl_gen_free(t->j);
+}
+
+/* One step's line; top holds the step's best raw logits, tok was sampled
+ * from them with raw logit tok_logit. */
+static void toplog_write(Generator *g, TopLog *t, int64_t step, int64_t pos,
+                         int32_t tok, float tok_logit)
+{
+    yajl_gen             j = t->j;
+    const unsigned char *buf;
+    size_t               len;
+
+    yajl_gen_map_open(j);
+    json_key(j, "step");
+    yajl_gen_integer(j, step);
+    json_key(j, "pos");
+    yajl_gen_integer(j, pos);
+    json_key(j, "token");
+    yajl_gen_integer(j, tok);
+    json_key(j, "piece");
+    json_piece(g, j, tok);
+    json_key(j, "logit");
+    json_float(j, tok_logit);
+    json_key(j, "top");
+    yajl_gen_array_open(j);
+    for (int32_t i = 0; i < t->k_out; i++) {
+        yajl_gen_map_open(j);
+        json_key(j, "id");
+        yajl_gen_integer(j, t->top[i].id);
+        json_key(j, "piece");
+        json_piece(g, j, t->top[i].id);
+        json_key(j, "logit");
+        json_float(j, t->top[i].logit);
+        yajl_gen_map_close(j);
+    }
+    yajl_gen_array_close(j);
+    json_key(j, "margin");
+    if (t->k >= 2) {
+        json_float(j, (double) t->top[0].logit - (double) t->top[1].logit);
+    } else {
+        yajl_gen_null(j);
+    }
+    yajl_gen_map_close(j);
+    yajl_gen_get_buf(j, &buf, &len);
+    fwrite(buf, 1, len, t->out);
+    fputc('\n', t->out);
+    fflush(t->out);
+    yajl_gen_reset(j, NULL);
+    yajl_gen_clear(j);
+}
+
+
 int gen_run(Generator *g, const int32_t *prompt, int64_t n_prompt,
             const GenParams *p, GenEmitFn emit, void *ud, GenStats *st,
             Err *err)
@@ -110,6 +297,7 @@ int gen_run(Generator *g, const int32_t *prompt, int64_t n_prompt,
     Sampler     smp;
     StopMatcher sm;
     Detok       d;
+    TopLog      tl;
     int64_t     pos = n_prompt;
     double      t0 = clock_now_s(), t1;
     int32_t     tok;
@@ -124,8 +312,12 @@ int gen_run(Generator *g, const int32_t *prompt, int64_t n_prompt,
                        g->n_ctx);
     }
     if (stop_init(&sm, p->stop, p->n_stop, err) != 0
-        || sampler_init(&smp, &p->sampling, g->m->c.n_vocab, err) != 0)
+        || toplog_init(&tl, p, g->m->c.n_vocab, err) != 0)
     {
+        return -1;
+    }
+    if (sampler_init(&smp, &p->sampling, g->m->c.n_vocab, err) != 0) {
+        toplog_free(&tl);
         return -1;
     }
     detok_init(&d);
@@ -135,7 +327,16 @@ int gen_run(Generator *g, const int32_t *prompt, int64_t n_prompt,
     st->t_prefill = t1 - t0;
 
     while (st->n_gen < p->max_tokens) {
+        if (tl.k > 0) {
+            /* the sampler adds bias and penalties in place: look first */
+            top_collect(g->rs.logits, g->m->c.n_vocab, tl.top, tl.k);
+            memcpy(tl.raw, g->rs.logits, (size_t) g->m->c.n_vocab
+                                         * sizeof(float));
+        }
         tok = sampler_sample(&smp, g->rs.logits);
+        if (tl.k > 0) {
+            toplog_write(g, &tl, st->n_gen, pos, tok, tl.raw[tok]);
+        }
         if (tokenizer_is_eog(g->tk, tok)) {
             st->finish = "stop";
             break;
@@ -152,5 +353,6 @@ int gen_run(Generator *g, const int32_t *prompt, int64_t n_prompt,
     if (!sm.stopped) emit_tail(g, &d, &sm, emit, ud);
     st->t_decode = clock_now_s() - t1;
     sampler_free(&smp);
+    toplog_free(&tl);
     return 0;
 }

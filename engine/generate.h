@@ -4,7 +4,8 @@
  * A Generator owns a KV cache for one sequence of up to n_ctx tokens, the
  * activations for prefill chunks of max_batch tokens, a sampler, and text
  * scratch, allocated in gen_init; gen_run allocates only its sampler's
- * scratch, once, before the first token.
+ * scratch (and the top-logits report's, when asked), once, before the
+ * first token.
  * gen_run prefills the prompt in chunks, then decodes token by token:
  * sample -> end-of-generation check -> detokenize (whole UTF-8 characters)
  * -> stop strings -> emit, until a stop, EOS or the token limit. The
@@ -16,6 +17,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "kernels.h"
 #include "kv_cache.h"
@@ -30,6 +32,9 @@ typedef struct {
     SamplerParams  sampling;
     const char    *stop[STOP_MAX];  // stop strings, borrowed
     int            n_stop;
+    int32_t        top_logits;      // K: report the K best logits of every
+                                    //   step (0 = off), see gen_run
+    FILE          *top_out;         // where those reports go, borrowed
 } GenParams;
 
 typedef struct {
@@ -65,7 +70,22 @@ int  gen_init(Generator *g, const Model *m, const Tokenizer *tk, Backend *be,
 void gen_free(Generator *g);
 
 /* Generates from n_prompt prompt tokens. Errors (-1, err set): an empty or
- * too long prompt, invalid sampling or stop parameters. */
+ * too long prompt, invalid sampling or stop parameters, top_logits out of
+ * 0..n_vocab, out of memory.
+ *
+ * With p->top_logits = K > 0, every step also writes one JSON line to
+ * p->top_out, before the token is emitted:
+ *   {"step":0,"pos":6,"token":...,"piece":"...","logit":...,
+ *    "top":[{"id":...,"piece":"...","logit":...}, ...K],"margin":...}
+ * step counts generated tokens from 0; pos is the position the token takes
+ * in the sequence; token is the one sampled (an end-of-generation token
+ * too, on the last line); top is the K best logits best first (higher
+ * logit, lower id on ties: greedy's order), and margin the first minus the
+ * second of them (null when the vocabulary has one token). Logits are the
+ * model's, before logit bias and penalties, printed with 9 significant
+ * digits (enough to tell any two floats apart); a non-finite one is null.
+ * A piece is the token's bytes (control tokens as their text), or
+ * "<0xXX>" per byte when they are not valid UTF-8 on their own. */
 int  gen_run(Generator *g, const int32_t *prompt, int64_t n_prompt,
              const GenParams *p, GenEmitFn emit, void *ud, GenStats *st,
              Err *err);

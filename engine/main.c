@@ -366,13 +366,15 @@ static void read_sampling(const Opts *o, GenParams *gp) {
         gp->stop[0] = opt_str(o, "stop", NULL);
         gp->n_stop = 1;
     }
+    gp->top_logits = (int32_t) opt_int(o, "top-logits", 0, 0, INT32_MAX);
+    gp->top_out = stderr;
 }
 
 static int cmd_generate(int argc, char **argv) {
     static const char *vals[] = {
         "model", "prompt", "system", "max-tokens", "temperature", "seed",
         "top-k", "top-p", "min-p", "presence-penalty", "frequency-penalty",
-        "stop", "threads", "isa", "ctx", "batch", NULL
+        "stop", "threads", "isa", "ctx", "batch", "top-logits", NULL
     };
     static const char *flags[] = { "chat", "stats", "mmap", NULL };
     Opts       o = { .n = 0 };
@@ -762,7 +764,9 @@ static void usage(FILE *f) {
           "             [--frequency-penalty X] [--stop TEXT] [--chat]\n"
           "             [--system TEXT] [--threads N] [--isa auto|avx512|"
           "avx2|ref]\n"
-          "             [--ctx N] [--batch N] [--stats] [--mmap]\n"
+"             [--ctx N] [--batch N] [--stats] [--mmap]\n"
+          "             [--top-logits K]   (K best logits per step, JSON "
+          "lines on stderr)\n"
           "  bench      --model PATH [--n-prompt 512] [--n-gen 128] "
           "[--reps 3]\n"
           "             [--threads N] [--isa ...] [--mmap]   (prints JSON)\n"

@@ -3,8 +3,9 @@
 use strict;
 use warnings;
 use Test::More;
+use JSON::PP;
 require './t/engine/lib.pl';
-our ($MODEL, $TMP);
+our ($ENGINE, $MODEL, $TMP);
 
 my $M = $MODEL;
 my $T = $TMP;
@@ -124,6 +125,104 @@ sub one_line_error {
     ok(length($out) > 0, 'chat mode generates');
 }
 
+# --- generate --top-logits ------------------------------------------------
+# One JSON line per generated token on stderr; checked for shape and
+# against the generation itself (the text on stdout is unchanged).
+
+sub top_lines {
+    my ($err) = @_;
+    return map { decode_json($_) } grep { /^\{/ } split /\n/, $err;
+}
+
+sub check_top_lines {
+    my ($name, $lines, $k, $n_prompt, $greedy) = @_;
+    my ($bad, $step) = ('', 0);
+
+    for my $j (@$lines) {
+        my @top = @{ $j->{top} // [] };
+        my %ids = map { $_->{id} => 1 } @top;
+        my $why =
+            $j->{step} != $step             ? "step $j->{step}, want $step"
+          : $j->{pos} != $n_prompt + $step  ? "pos $j->{pos}"
+          : @top != $k                      ? scalar(@top) . " entries"
+          : keys(%ids) != $k                ? 'repeated ids'
+          : (grep { $top[$_ - 1]{logit} < $top[$_]{logit} } 1 .. $#top)
+                                            ? 'not sorted'
+          : !($j->{margin} >= 0)            ? "margin $j->{margin}"
+          : @top > 1 && abs($j->{margin} - ($top[0]{logit} - $top[1]{logit}))
+                > 1e-5                      ? "margin $j->{margin}"
+          : $j->{logit} > $top[0]{logit}    ? 'sampled above the best'
+          : $greedy && ($j->{token} != $top[0]{id}
+                        || $j->{logit} != $top[0]{logit})
+                                            ? "token $j->{token} not argmax"
+          : '';
+        if ($why ne '') {
+            $bad = "step $step: $why: " . encode_json($j);
+            last;
+        }
+        $step++;
+    }
+    is($bad, '', "$name: every line well formed and consistent");
+}
+
+{
+    my ($rc, $ids) = run_engine('tokenize', '--model', $M, '--text',
+                                'Once upon a time');
+    my $n_prompt = () = $ids =~ /\d+/g;
+    my @p = ('--prompt', 'Once upon a time', '--max-tokens', 24);
+    my (undef, $plain) = gen(@p, '--temperature', 0);
+    my ($out, $err);
+
+    ($rc, $out, $err) = gen(@p, '--temperature', 0, '--top-logits', 5);
+    my @l = top_lines($err);
+    is($rc, 0, '--top-logits: exit 0') or diag $err;
+    is($out, $plain, '--top-logits: the text is unchanged');
+    is(scalar @l, 24, '--top-logits: one line per generated token');
+    check_top_lines('greedy, K 5', \@l, 5, $n_prompt, 1);
+    is(join('', map { $_->{piece} } @l), $plain,
+       '--top-logits: the chosen pieces spell the text');
+
+    ($rc, $out, $err) = gen(@p, '--temperature', 0, '--top-logits', 1,
+                            '--max-tokens', 4);
+    @l = top_lines($err);
+    check_top_lines('greedy, K 1', \@l, 1, $n_prompt, 1);
+    ok(@l == 4 && (grep { $_->{margin} > 0 } @l) == 4,
+       'K 1: the margin to the unlisted second is still there');
+
+    # the whole vocabulary: every id once (one step; stderr is read after
+    # stdout, so the output must fit a pipe)
+    ($rc, $out, $err) = gen(@p, '--temperature', 0, '--top-logits', 512,
+                            '--max-tokens', 1);
+    @l = top_lines($err);
+    check_top_lines('K = vocabulary', \@l, 512, $n_prompt, 1);
+    is_deeply([sort { $a <=> $b } map { $_->{id} } @{ $l[0]{top} }],
+              [0 .. 511], 'K = vocabulary: every token id once');
+
+    # sampling with a penalty: the same text as without the report; the
+    # logits shown are the model's, before the penalty, so the token may be
+    # any of them. The whole vocabulary is listed, so every token's raw
+    # logit is there to compare (stderr goes to a file: it is larger than
+    # a pipe holds).
+    my @s = (@p, '--temperature', 1, '--seed', 4, '--presence-penalty', 2);
+    my (undef, $sampled) = gen(@s);
+    system('sh', '-c', qq{"\$0" "\$@" >"$T/top.out" 2>"$T/top.err"},
+           $ENGINE, 'generate', '--model', $M, @s, '--top-logits', 512);
+    @l = top_lines(slurp("$T/top.err"));
+    is(slurp("$T/top.out"), $sampled,
+       'sampling with --top-logits: the same text');
+    check_top_lines('sampled, K 512', \@l, 512, $n_prompt, 0);
+    ok((grep { $_->{token} != $_->{top}[0]{id} } @l) > 0,
+       'sampling: some steps do not take the best logit');
+    my (%seen, $repeats, $raw);
+    for my $j (@l) {
+        my ($t) = grep { $_->{id} == $j->{token} } @{ $j->{top} };
+        $raw++ if $t->{logit} == $j->{logit};
+        $repeats++ if $seen{ $j->{token} }++;
+    }
+    ok($repeats, 'sampling: some tokens repeat (and were penalised)');
+    is($raw, scalar @l, "sampling: each token's logit is its raw one");
+}
+
 # --- make-model: every type loads and generates --------------------------
 for my $type (qw(f32 f16 bf16 q8_0 q4_0)) {
     for my $arch (qw(llama qwen2)) {
@@ -171,6 +270,13 @@ one_line_error('missing model file', 'No such file',
                'generate', '--model', "$T/none.gguf", '--prompt', 'x');
 one_line_error('unknown isa', qr/option '--isa' \(or OMNI_ISA\) must be auto, avx512, avx2 or ref, not 'sse9'/,
                'generate', '--model', $M, '--prompt', 'x', '--isa', 'sse9');
+one_line_error('top-logits over the vocabulary',
+               'K must be between 0 and the vocabulary size 512, got 513',
+               'generate', '--model', $M, '--prompt', 'x', '--top-logits',
+               513);
+one_line_error('top-logits negative', "'--top-logits' must be an integer",
+               'generate', '--model', $M, '--prompt', 'x', '--top-logits',
+               -1);
 one_line_error('prompt too long', 'more than the context',
                'generate', '--model', $M, '--prompt', 'the cat ' x 400);
 
