@@ -654,7 +654,37 @@ error_is($json, 'invalid_request_error', undef, undef, $name);
 
 
 
-=== TEST 32: bodies the module discards (404, 405, GET with a body): the next request on the connection is read right
+=== TEST 32: client_max_body_size 0: a 2 MB body is read; one over 16 MB is refused (413) before it is copied into memory
+--- loc_conf
+        client_max_body_size 0;
+--- request
+GET /health
+--- error_code: 200
+--- check
+my @r = ::exchange(::post_cl('/v1/chat/completions',
+                             ::chat_body(padding => 'x' x (2 << 20))));
+is($r[0]{status}, 200, "$name: 2 MB: 200");
+is_completion($r[0], "$name: 2 MB");
+for my $framing ('cl', 'chunked') {
+    my $big = ::chat_body(padding => 'x' x ((16 << 20) + 1));
+    my $req = $framing eq 'cl'
+        ? ::post_cl('/v1/chat/completions', $big)
+        : ::post_chunked('/v1/chat/completions',
+                         ::chunked($big, sizes => [1 << 20]));
+    @r = ::exchange($req);
+    is($r[0]{status}, 413, "$name: over 16 MB ($framing): 413");
+    my $j = eval { decode_json($r[0]{body}) };
+    error_is($j, 'invalid_request_error', undef, undef, "$name ($framing)");
+    like($j->{error}{message}, qr/too large/, "$name ($framing): says so");
+}
+--- error_log
+client sent too large omni request body
+--- no_error_log
+[error]
+
+
+
+=== TEST 33: bodies the module discards (404, 405, GET with a body): the next request on the connection is read right
 --- request
 GET /health
 --- error_code: 200
@@ -692,7 +722,7 @@ for my $f (@first) {
 
 
 
-=== TEST 33: pipelined requests with chunked and Content-Length bodies
+=== TEST 34: pipelined requests with chunked and Content-Length bodies
 --- request
 GET /health
 --- error_code: 200
@@ -714,7 +744,7 @@ is_completion($r[3], "$name: 4", 'completions');
 
 
 
-=== TEST 34: HTTP/2 (h2c): a body in DATA frames, a body in a temporary file, an empty body, no body
+=== TEST 35: HTTP/2 (h2c): a body in DATA frames, a body in a temporary file, an empty body, no body
 --- http_config
     server {
         listen 127.0.0.1:$TEST_NGINX_H2_PORT http2;
