@@ -189,6 +189,9 @@ ngx_http_omni_handler(ngx_http_request_t *r)
         rc = ngx_http_discard_request_body(r);
 
         if (rc != NGX_OK) {
+            /* nginx answers instead (a 400 for a bad chunked body): not
+             * with the WWW-Authenticate or Allow meant for err */
+            ngx_http_clean_header(r);
             return rc;
         }
 

@@ -288,3 +288,19 @@ if ($i == 4) {
 --- no_error_log eval
 [qr/omni[^\n]*(?:sk-right|sk-second|sk-wrong|Z9Z9)/,
  qr/\[(?:info|notice|warn|error|crit|alert|emerg)\][^\n]*(?:sk-|Z9Z9)/]
+
+
+
+=== TEST 17: no key and a bad chunked body: nginx's 400 while discarding it, without the WWW-Authenticate of the 401 it replaces
+--- raw_request eval
+"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
+. "Transfer-Encoding: chunked\r\n\r\nzz\r\n\r\n"
+--- error_code: 400
+--- response_headers
+!WWW-Authenticate
+--- check
+error_is($json, 'invalid_request_error', undef, undef, $name);
+--- no_error_log
+sk-
+[alert]
+[crit]

@@ -722,7 +722,19 @@ for my $f (@first) {
 
 
 
-=== TEST 34: pipelined requests with chunked and Content-Length bodies
+=== TEST 34: a wrong method and a bad chunked body: nginx's 400 while discarding it, without the Allow of the 405 it replaces
+--- raw_request eval
+"PUT /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
+. "Transfer-Encoding: chunked\r\n\r\n5\r\nabcdeXX0\r\n\r\n"
+--- error_code: 400
+--- response_headers
+!Allow
+--- check
+error_is($json, 'invalid_request_error', undef, undef, $name);
+
+
+
+=== TEST 35: pipelined requests with chunked and Content-Length bodies
 --- request
 GET /health
 --- error_code: 200
@@ -744,7 +756,7 @@ is_completion($r[3], "$name: 4", 'completions');
 
 
 
-=== TEST 35: HTTP/2 (h2c): a body in DATA frames, a body in a temporary file, an empty body, no body
+=== TEST 36: HTTP/2 (h2c): a body in DATA frames, a body in a temporary file, an empty body, no body
 --- http_config
     server {
         listen 127.0.0.1:$TEST_NGINX_H2_PORT http2;
