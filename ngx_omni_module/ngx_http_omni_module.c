@@ -549,8 +549,9 @@ ngx_http_omni_auth(ngx_http_request_t *r, ngx_http_omni_loc_conf_t *olcf,
 }
 
 
-/* The 401 and its WWW-Authenticate, which no other response carries
- * (RFC 9110 11.6.1). Returns NGX_DECLINED, or NGX_ERROR. */
+/* The 401, with the WWW-Authenticate it must carry (RFC 9110 11.6.1),
+ * added here only, once the key is refused: no other answer has it.
+ * Returns NGX_DECLINED, or NGX_ERROR. */
 
 static ngx_int_t
 ngx_http_omni_unauthorized(ngx_http_request_t *r, ngx_http_omni_error_t *err,

@@ -58,6 +58,7 @@ use Time::HiRes qw(time sleep);
 use t::lib::OmniServer;
 use t::lib::RawHttp;
 
+$| = 1;
 my %opt = (seconds => 60, clients => 4, verbose => 0);
 GetOptions(\%opt, 'seconds=f', 'seed=i', 'clients=i', 'verbose!',
            'replay=s') or die "usage: $0 [--seconds N] [--seed S] "
@@ -457,7 +458,8 @@ sub gen_case {
     $c{pieces} = \@pieces;
     my $dmax = pick(0, 0, 0.001, 0.003, 0.02);
     $dmax = 0.0005 if @pieces > 50 && $dmax > 0.0005;
-    $c{delays} = [map { $dmax ? rand($dmax) : 0 } @pieces];   # rand(0) is rand(1)
+    # (rand(0) is rand(1))
+    $c{delays} = [map { $dmax ? rand($dmax) : 0 } @pieces];
 
     # Expect: 100-continue, waited for (one request only)
     $c{expect_wait} = @reqs == 1 && $reqs[0]{wire} =~ /^Expect: 100/mi
@@ -539,6 +541,9 @@ sub is_completion {
 }
 
 # The failures of a case's answer (an empty list when it is right).
+# Counts in $CHECKED the answers held to a known expectation.
+my $CHECKED = 0;
+
 sub check_case {
     my ($c, $raw, $err) = @_;
     my @fail;
@@ -586,6 +591,7 @@ sub check_case {
                                                    && !$p->{complete};
         if ($clean && $q && defined $q->{expect} && $st != 503) {
             my $e = $q->{expect};
+            $CHECKED++;
             if ($e eq 'completion') {
                 push @fail, "answer $i: $st, not a completion: "
                             . substr($p->{body}, 0, 300) if $st != 200;
@@ -660,7 +666,7 @@ sub report_failure {
 sub client {
     my ($w, $until) = @_;
     my %st = (cases => 0, requests => 0, bytes => 0, status => {},
-              clean => 0);
+              checked => 0);
     my $cur = "$OUT/client-$w.cur";
     $SIG{TERM} = sub { _exit(1) };
     for (my $n = 1; time < $until; $n++) {
@@ -675,6 +681,7 @@ sub client {
         $st{cases}++;
         $st{requests} += @{ $c->{reqs} };
         $st{bytes} += length $c->{wire};
+        $st{checked} = $CHECKED;
         $st{status}{$_->{status} // 'none'}++ for http_responses($raw // '');
         if (@fail) {
             open(my $fh, '>', "$OUT/client-$w.fail");
@@ -725,11 +732,12 @@ sub health_ok {
 }
 
 sub summary_stats {
-    my %t = (cases => 0, requests => 0, bytes => 0, status => {});
+    my %t = (cases => 0, requests => 0, bytes => 0, checked => 0,
+             status => {});
     for my $w (1 .. $opt{clients}) {
         my $j = eval { JSON::PP->new->decode(
                            main::slurp("$OUT/client-$w.json")) } or next;
-        $t{$_} += $j->{$_} for qw(cases requests bytes);
+        $t{$_} += $j->{$_} // 0 for qw(cases requests bytes checked);
         $t{status}{$_} += $j->{status}{$_} for keys %{ $j->{status} };
     }
     return \%t;
@@ -821,10 +829,11 @@ my $t = summary_stats();
 my $codes = join ' ', map { "$_:$t->{status}{$_}" }
                       sort keys %{ $t->{status} };
 printf "http body fuzzer: seed %s, %d s, %d clients: %d cases, %d requests, "
-       . "%.1f MB sent; answers %s; %d health probes; workers %s "
-       . "(RSS kB %s -> %s)\n",
+       . "%.1f MB sent; answers %s; %d held to a known answer; %d health "
+       . "probes; workers %s (RSS kB %s -> %s)\n",
        $SEED, $opt{seconds}, $opt{clients}, $t->{cases}, $t->{requests},
-       $t->{bytes} / 1e6, $codes, $probes, "@end", $rss0, $rss1;
+       $t->{bytes} / 1e6, $codes, $t->{checked}, $probes, "@end", $rss0,
+       $rss1;
 
 omni_server_stop($srv);
 main::serve_stop($engine, 10);
