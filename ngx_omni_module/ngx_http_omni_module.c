@@ -27,6 +27,11 @@
 
 #define NGX_HTTP_OMNI_KEYS_MAX_SIZE  (1024 * 1024)
 
+/* the largest request body read into memory: the engine's largest
+ * request (a body that big cannot become a smaller one but by fields the
+ * module ignores) */
+#define NGX_HTTP_OMNI_MAX_BODY       OMNI_MAX_REQUEST
+
 
 static ngx_int_t ngx_http_omni_handler(ngx_http_request_t *r);
 static ngx_http_omni_ctx_t *ngx_http_omni_create_ctx(ngx_http_request_t *r,
@@ -36,10 +41,12 @@ static ngx_int_t ngx_http_omni_check(ngx_http_request_t *r,
     ngx_http_omni_error_t *err);
 static ngx_int_t ngx_http_omni_auth(ngx_http_request_t *r,
     ngx_http_omni_loc_conf_t *olcf, ngx_http_omni_error_t *err);
+static ngx_int_t ngx_http_omni_unauthorized(ngx_http_request_t *r,
+    ngx_http_omni_error_t *err, char *message, char *code);
 static ngx_uint_t ngx_http_omni_key_equal(ngx_str_t *token, ngx_str_t *key);
 static void ngx_http_omni_body_handler(ngx_http_request_t *r);
 static ngx_int_t ngx_http_omni_read_body(ngx_http_request_t *r,
-    ngx_str_t *body);
+    ngx_str_t *body, ngx_http_omni_error_t *err);
 
 static ngx_int_t ngx_http_omni_init(ngx_conf_t *cf);
 static void *ngx_http_omni_create_main_conf(ngx_conf_t *cf);
@@ -182,6 +189,9 @@ ngx_http_omni_handler(ngx_http_request_t *r)
         rc = ngx_http_discard_request_body(r);
 
         if (rc != NGX_OK) {
+            /* nginx answers instead (a 400 for a bad chunked body): not
+             * with the WWW-Authenticate or Allow meant for err */
+            ngx_http_clean_header(r);
             return rc;
         }
 
@@ -367,6 +377,7 @@ static ngx_int_t
 ngx_http_omni_check(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_http_omni_loc_conf_t *olcf, ngx_http_omni_error_t *err)
 {
+    ngx_int_t   rc;
     ngx_str_t   allow, *msg;
     ngx_uint_t  methods;
 
@@ -436,9 +447,14 @@ ngx_http_omni_check(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
         return NGX_OK;
     }
 
-    if (ngx_http_omni_auth(r, olcf, err) != NGX_OK) {
-        ngx_http_omni_count(r, NGX_HTTP_OMNI_M_AUTH_FAILED);
-        return NGX_DECLINED;
+    rc = ngx_http_omni_auth(r, olcf, err);
+
+    if (rc != NGX_OK) {
+        if (rc == NGX_DECLINED) {
+            ngx_http_omni_count(r, NGX_HTTP_OMNI_M_AUTH_FAILED);
+        }
+
+        return rc;
     }
 
     if (ctx->endpoint == NGX_HTTP_OMNI_SPEECH) {
@@ -456,7 +472,14 @@ ngx_http_omni_check(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 /*
  * "Authorization: Bearer KEY" against omni_api_keys: every key is
  * compared, each in time that does not depend on where the bytes differ.
- * The key itself is never logged.
+ * NGX_OK; NGX_DECLINED with err filled (a 401, WWW-Authenticate added);
+ * NGX_ERROR.
+ *
+ * Neither the header nor the key is ever logged, at any level, nor
+ * echoed in the error. (nginx itself logs a duplicate Authorization line,
+ * a header line it cannot parse and one over large_client_header_buffers
+ * at info, with the value, before any module runs; and every header at
+ * debug.)
  */
 
 static ngx_int_t
@@ -468,18 +491,8 @@ ngx_http_omni_auth(ngx_http_request_t *r, ngx_http_omni_loc_conf_t *olcf,
     ngx_uint_t        i, found;
     ngx_table_elt_t  *h;
 
-    static ngx_str_t  www_key = ngx_string("WWW-Authenticate");
-    static ngx_str_t  www_value = ngx_string("Bearer");
-
     if (olcf->api_keys == NULL) {
         return NGX_OK;
-    }
-
-    err->status = NGX_HTTP_UNAUTHORIZED;
-    ngx_str_set(&err->type, "invalid_request_error");
-
-    if (ngx_http_omni_add_header(r, &www_key, &www_value) != NGX_OK) {
-        return NGX_ERROR;
     }
 
     h = r->headers_in.authorization;
@@ -510,11 +523,10 @@ ngx_http_omni_auth(ngx_http_request_t *r, ngx_http_omni_loc_conf_t *olcf,
         ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
                       "omni: no API key in the request");
 
-        ngx_str_set(&err->message,
-                    "You didn't provide an API key. You need to provide "
-                    "your API key in an Authorization header using Bearer "
-                    "auth (i.e. Authorization: Bearer YOUR_KEY).");
-        return NGX_DECLINED;
+        return ngx_http_omni_unauthorized(r, err,
+                   "You didn't provide an API key. You need to provide "
+                   "your API key in an Authorization header using Bearer "
+                   "auth (i.e. Authorization: Bearer YOUR_KEY).", NULL);
     }
 
     found = 0;
@@ -528,14 +540,42 @@ ngx_http_omni_auth(ngx_http_request_t *r, ngx_http_omni_loc_conf_t *olcf,
         ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
                       "omni: invalid API key");
 
-        ngx_str_set(&err->message, "Incorrect API key provided.");
-        ngx_str_set(&err->code, "invalid_api_key");
-        return NGX_DECLINED;
+        return ngx_http_omni_unauthorized(r, err,
+                                          "Incorrect API key provided.",
+                                          "invalid_api_key");
     }
 
-    err->status = 0;
-
     return NGX_OK;
+}
+
+
+/* The 401, with the WWW-Authenticate it must carry (RFC 9110 11.6.1),
+ * added here only, once the key is refused: no other answer has it.
+ * Returns NGX_DECLINED, or NGX_ERROR. */
+
+static ngx_int_t
+ngx_http_omni_unauthorized(ngx_http_request_t *r, ngx_http_omni_error_t *err,
+    char *message, char *code)
+{
+    static ngx_str_t  www_key = ngx_string("WWW-Authenticate");
+    static ngx_str_t  www_value = ngx_string("Bearer");
+
+    err->status = NGX_HTTP_UNAUTHORIZED;
+    ngx_str_set(&err->type, "invalid_request_error");
+
+    err->message.data = (u_char *) message;
+    err->message.len = ngx_strlen(message);
+
+    if (code != NULL) {
+        err->code.data = (u_char *) code;
+        err->code.len = ngx_strlen(code);
+    }
+
+    if (ngx_http_omni_add_header(r, &www_key, &www_value) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    return NGX_DECLINED;
 }
 
 
@@ -569,14 +609,13 @@ ngx_http_omni_body_handler(ngx_http_request_t *r)
     ctx = ngx_http_get_module_ctx(r, ngx_http_omni_module);
     olcf = ngx_http_get_module_loc_conf(r, ngx_http_omni_module);
 
-    if (ngx_http_omni_read_body(r, &body) != NGX_OK) {
-        ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
-        return;
-    }
-
     ngx_memzero(&err, sizeof(ngx_http_omni_error_t));
 
-    rc = ngx_http_omni_parse(r, ctx->endpoint, &body, &ctx->req, &err);
+    rc = ngx_http_omni_read_body(r, &body, &err);
+
+    if (rc == NGX_OK) {
+        rc = ngx_http_omni_parse(r, ctx->endpoint, &body, &ctx->req, &err);
+    }
 
     if (rc == NGX_ERROR) {
         ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
@@ -591,7 +630,7 @@ ngx_http_omni_body_handler(ngx_http_request_t *r)
     }
 
     if (rc == NGX_DECLINED) {
-        /* ngx_http_omni_parse() logged it */
+        /* ngx_http_omni_read_body() or ngx_http_omni_parse() logged it */
         ngx_http_finalize_request(r, ngx_http_omni_send_error(r, &err));
         return;
     }
@@ -615,14 +654,26 @@ ngx_http_omni_body_handler(ngx_http_request_t *r)
 
 /*
  * The request body as one string: the buffer itself when nginx kept it
- * in one, else a copy (parts of it may be in a temporary file).
+ * in one, else a copy. r->request_body->bufs holds what nginx's body
+ * filters saved: buffers in memory (r->header_in, rb->buf), or one buffer
+ * of the temporary file (a body over client_body_buffer_size, or
+ * client_body_in_file_only), and buffers with no data at all: the
+ * last_buf that ends a chunked or HTTP/2 body, alone for an empty one.
+ * No body at all (no length, an HTTP/2 request without DATA) is an empty
+ * string: the parser answers 400 for it.
+ *
+ * NGX_OK; NGX_DECLINED with err filled: a body over NGX_HTTP_OMNI_MAX_BODY
+ * (413), refused before it is copied, so that what a request holds in
+ * memory stays bounded even with client_max_body_size 0; NGX_ERROR.
  */
 
 static ngx_int_t
-ngx_http_omni_read_body(ngx_http_request_t *r, ngx_str_t *body)
+ngx_http_omni_read_body(ngx_http_request_t *r, ngx_str_t *body,
+    ngx_http_omni_error_t *err)
 {
     u_char       *p;
-    size_t        len, size;
+    off_t         len;
+    size_t        size;
     ssize_t       n;
     ngx_buf_t    *b;
     ngx_chain_t  *cl;
@@ -633,6 +684,23 @@ ngx_http_omni_read_body(ngx_http_request_t *r, ngx_str_t *body)
         return NGX_OK;
     }
 
+    len = 0;
+
+    for (cl = r->request_body->bufs; cl; cl = cl->next) {
+        len += ngx_buf_size(cl->buf);
+    }
+
+    if (len > NGX_HTTP_OMNI_MAX_BODY) {
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "client sent too large omni request body: %O bytes",
+                      len);
+
+        err->status = NGX_HTTP_REQUEST_ENTITY_TOO_LARGE;
+        ngx_str_set(&err->type, "invalid_request_error");
+        ngx_str_set(&err->message, "The request body is too large.");
+        return NGX_DECLINED;
+    }
+
     cl = r->request_body->bufs;
 
     if (cl->next == NULL && ngx_buf_in_memory(cl->buf)) {
@@ -641,20 +709,14 @@ ngx_http_omni_read_body(ngx_http_request_t *r, ngx_str_t *body)
         return NGX_OK;
     }
 
-    len = 0;
-
-    for ( /* void */ ; cl; cl = cl->next) {
-        len += ngx_buf_size(cl->buf);
-    }
-
-    p = ngx_pnalloc(r->pool, len ? len : 1);
+    p = ngx_pnalloc(r->pool, len ? (size_t) len : 1);
     if (p == NULL) {
         return NGX_ERROR;
     }
 
     body->data = p;
 
-    for (cl = r->request_body->bufs; cl; cl = cl->next) {
+    for ( /* void */ ; cl; cl = cl->next) {
         b = cl->buf;
 
         if (ngx_buf_in_memory(b)) {
@@ -663,12 +725,11 @@ ngx_http_omni_read_body(ngx_http_request_t *r, ngx_str_t *body)
         }
 
         if (!b->in_file) {
-            /* a special buffer (last_buf, flush) carries no data: an
-             * empty or chunked body ends with one */
+            /* last_buf or flush: no data, and no file to read */
             continue;
         }
 
-        size = b->file_last - b->file_pos;
+        size = (size_t) (b->file_last - b->file_pos);
 
         n = ngx_read_file(b->file, p, size, b->file_pos);
 
