@@ -32,6 +32,18 @@
  * A stage that closes its channel but lives on is killed after
  * GONE_KILL_S.
  *
+ * A READY stage is watched through its heartbeat (stage.h): silent for
+ * cfg->stage_unready_s it is not ready (health 503 saying for how long,
+ * new requests refused, the requests it holds wait), and it is ready again
+ * as soon as it beats; silent for cfg->stage_kill_s it is killed (SIGKILL)
+ * and handled as any stage that died: its requests get 503 stage_failed
+ * and it is restarted. The check costs no wakeup while the stage beats:
+ * the next deadline is the last beat plus the threshold.
+ *
+ * A request whose prompt cannot fit the context by the stage's prompt
+ * bound (stage.h; READY announces it) is refused here, after the parse,
+ * so the stage never spends a tokenization on it.
+ *
  * Shutdown (SIGTERM/SIGINT): RUN -> DRAIN (listener closed and unlinked;
  * requests in flight may finish for cfg->drain_s) -> FINISH (the rest get
  * 503 engine_shutdown, the stage channel is closed so the stage exits,
@@ -148,6 +160,12 @@ typedef struct {
     char         model_id[256]; // served name (READY's id wins)
     char         kernels[16];   // the stage's kernel set (READY's)
     int64_t      max_model_len;
+    PromptBound  bound;         // READY's; max_piece 0 until then
+    bool         silent;        // READY, but no heartbeat for
+                                //   cfg->stage_unready_s
+    bool         hang_killed;   // we killed this process for its silence
+    double       watch_at;      // next heartbeat check, INFINITY: none
+    char         kill_why[96];  //   and why, for its requests' errors
     long long    created;       // unix time the frontend started
 
     /* connections */
@@ -359,6 +377,53 @@ static void conn_accept(Frontend *fe, int fd) {
 
 /* ---- Control replies ---------------------------------------------------- */
 
+/* ---- Stage liveness -------------------------------------------------------
+ * Silence is the time since the stage's last heartbeat, or since its READY
+ * when it has not beaten since (the page is reset when a process starts). */
+
+static double stage_silence(const Frontend *fe, double now, double *in_step)
+{
+    const OmniStats *st = fe->sp.stats;
+    int64_t          hb = atomic_load_explicit(&st->heartbeat_us,
+                                               memory_order_relaxed);
+    int64_t          ss = atomic_load_explicit(&st->step_start_us,
+                                               memory_order_relaxed);
+    double           last = hb / 1e6 > fe->ready_at ? hb / 1e6 : fe->ready_at;
+
+    if (in_step != NULL) *in_step = ss > 0 ? now - ss / 1e6 : -1;
+    return now > last ? now - last : 0;
+}
+
+/* Whether the stage takes requests now: READY and not silent. Computed
+ * from the page at the moment of asking, whatever the timers saw. */
+static bool stage_live(const Frontend *fe) {
+    return fe->st == STAGE_READY && !fe->hang_killed
+           && stage_silence(fe, clock_now_s(), NULL)
+              < fe->cfg->stage_unready_s;
+}
+
+/* What health says of a silent stage. */
+static void silence_reason(const Frontend *fe, char *why, size_t cap) {
+    double in_step, silence = stage_silence(fe, clock_now_s(), &in_step);
+    char   step[64] = "", kill[96];
+
+    if (in_step >= 0) {
+        snprintf(step, sizeof(step), " (one step has run for %.1f s)",
+                 in_step);
+    }
+    if (fe->hang_killed) {
+        snprintf(kill, sizeof(kill), "; killed, restarting");
+    } else if (fe->cfg->stage_kill_s > 0) {
+        snprintf(kill, sizeof(kill), "; it is killed and restarted at %g s",
+                 fe->cfg->stage_kill_s);
+    } else {
+        snprintf(kill, sizeof(kill), "; it is not killed "
+                 "(--stage-kill-after 0)");
+    }
+    snprintf(why, cap, "the thinker stage (pid %d) has been silent for "
+             "%.1f s%s%s", (int) fe->sp.pid, silence, step, kill);
+}
+
 /* 200 "ready", or 503 and why not, in the words health and refused
  * requests both use. */
 static int health(const Frontend *fe, char *why, size_t cap) {
@@ -368,9 +433,13 @@ static int health(const Frontend *fe, char *why, size_t cap) {
         snprintf(why, cap, "the engine is shutting down");
         return 503;
     }
-    if (fe->st == STAGE_READY) {
+    if (stage_live(fe)) {
         snprintf(why, cap, "ready");
         return 200;
+    }
+    if (fe->st == STAGE_READY) {
+        silence_reason(fe, why, cap);
+        return 503;
     }
     if (sp->fails >= FAILS_TO_REPORT) {
         snprintf(why, cap, "the thinker stage failed %d times before it was "
@@ -441,7 +510,9 @@ static void reply_metrics(Frontend *fe, Conn *c) {
 
     g.model = fe->model_id;
     g.kernels = fe->kernels;
-    g.stage_ready = fe->st == STAGE_READY;
+    g.stage_ready = stage_live(fe);
+    g.heartbeat_age = fe->st == STAGE_READY
+                      ? stage_silence(fe, clock_now_s(), NULL) : 0;
     g.connections = fe->n_conns;
     g.rss_frontend = metrics_rss(0);
     g.rss_thinker = fe->sp.pid > 0 ? metrics_rss(fe->sp.pid) : -1;
@@ -460,6 +531,38 @@ static void reply_metrics(Frontend *fe, Conn *c) {
 
 
 /* ---- Requests ----------------------------------------------------------- */
+
+/* The prompt bound on what the request's text alone implies: the prompt,
+ * or every message's content, trimmed as some templates trim it; the
+ * template's own text is not counted, so this stays below the thinker's
+ * bound on the rendered text. Returns true after refusing c with 400
+ * context_length_exceeded, as the stage would have. */
+static bool prompt_too_long(Frontend *fe, Conn *c, const OmniRequest *r) {
+    const PromptBound *b = &fe->bound;
+    uint64_t           bytes = 0;
+    int64_t            least;
+    char               msg[160];
+
+    if (b->max_piece == 0) return false;
+    if (!r->chat) {
+        bytes = prompt_bound_bytes(b, r->prompt, r->prompt_len);
+    }
+    for (int i = 0; r->chat && i < r->n_msgs; i++) {
+        const char *s = r->msgs[i].content;
+        size_t      n = strlen(s);
+
+        while (n > 0 && prompt_bound_space(*s)) s++, n--;
+        while (n > 0 && prompt_bound_space(s[n - 1])) n--;
+        bytes += prompt_bound_bytes(b, s, n);
+    }
+    least = prompt_bound_tokens(b, bytes);
+    if (least < fe->max_model_len) return false;
+    snprintf(msg, sizeof(msg), PROMPT_TOO_LONG_FMT, fe->max_model_len,
+             "at least ", least);
+    conn_error(fe, c, 400, r->chat ? "messages" : "prompt",
+               "context_length_exceeded", msg);
+    return true;
+}
 
 /* Validates the REQUEST (so a client mistake is answered here, without a
  * round trip to the stage) and hands it to the stage. The stage parses it
@@ -489,8 +592,12 @@ static void request_start(Frontend *fe, Conn *c) {
         conn_error(fe, c, 404, "model", "model_not_found", why);
         return;
     }
+    if (prompt_too_long(fe, c, &req)) {
+        request_free(&req);
+        return;
+    }
     request_free(&req);
-    if (fe->st != STAGE_READY) {
+    if (!stage_live(fe)) {
         health(fe, why, sizeof(why));
         conn_error(fe, c, 503, NULL, "engine_not_ready", why);
         return;
@@ -674,6 +781,9 @@ static void on_ready(Frontend *fe, const uint8_t *p, size_t len) {
     const char *idp[] = { "id", NULL };
     const char *np[] = { "max_model_len", NULL };
     const char *kp[] = { "kernels", NULL };
+    const char *mp[] = { "max_piece_bytes", NULL };
+    const char *wp[] = { "ws_free", NULL };
+    yajl_val   mpv, wsv;
 
     if (s == NULL) return;
     memcpy(s, p, len);
@@ -693,14 +803,29 @@ static void on_ready(Frontend *fe, const uint8_t *p, size_t len) {
     if (n != NULL && YAJL_IS_INTEGER(n)) {
         fe->max_model_len = YAJL_GET_INTEGER(n);
     }
+    /* no bound (max_piece 0) unless READY states one in full */
+    mpv = yajl_tree_get(v, mp, yajl_t_number);
+    wsv = yajl_tree_get(v, wp, yajl_t_any);
+    fe->bound.max_piece = 0;
+    if (mpv != NULL && YAJL_IS_INTEGER(mpv) && YAJL_GET_INTEGER(mpv) >= 0
+        && YAJL_GET_INTEGER(mpv) <= UINT32_MAX
+        && (YAJL_IS_TRUE(wsv) || YAJL_IS_FALSE(wsv)))
+    {
+        fe->bound.max_piece = (uint32_t) YAJL_GET_INTEGER(mpv);
+        fe->bound.ws_free = YAJL_IS_TRUE(wsv);
+    }
     yajl_tree_free(v);
     fe->st = STAGE_READY;
     fe->was_ready = true;
     fe->ready_at = clock_now_s();
     fe->sp.fails = 0;
+    fe->silent = false;
+    fe->watch_at = fe->ready_at + fe->cfg->stage_unready_s;
     log_msg(LOG_INFO, "thinker stage (pid %d) ready: model %s, context %"
-            PRId64 ", kernels %s", (int) fe->sp.pid, fe->model_id,
-            fe->max_model_len, fe->kernels);
+            PRId64 ", kernels %s, prompt bound %" PRIu32 " bytes a token%s",
+            (int) fe->sp.pid, fe->model_id, fe->max_model_len, fe->kernels,
+            fe->bound.max_piece, fe->bound.ws_free ? " (whitespace free)"
+                                                   : "");
 }
 
 static void on_started(Frontend *fe, const uint8_t *p, size_t len) {
@@ -794,6 +919,8 @@ static void stage_start(Frontend *fe) {
     }
     fe->st = STAGE_LOADING;
     fe->was_ready = false;
+    fe->silent = false;
+    fe->hang_killed = false;
     fe->gone_kill_at = INFINITY;
     fe->sevents = 0;
     ep_set(fe, fe->sp.fd, &fe->sevents, EPOLLIN, &fe->s_stage);
@@ -809,7 +936,7 @@ static void stage_start(Frontend *fe) {
  * shutting down, schedule the next start. Frames it wrote before dying
  * are handled first (a DONE may be among them). */
 static void stage_died(Frontend *fe) {
-    char    msg[160];
+    char    msg[224];
     int64_t failed = 0;
     double  t = clock_now_s();
     int     delay;
@@ -817,8 +944,9 @@ static void stage_died(Frontend *fe) {
     stage_read(fe);
     stage_channel_closed(fe);
     sup_read_stderr(&fe->sp);
-    snprintf(msg, sizeof(msg), "the thinker stage exited (%s); retry",
-             fe->sp.exit_desc);
+    snprintf(msg, sizeof(msg), "the thinker stage exited (%s%s%s); retry",
+             fe->sp.exit_desc, fe->hang_killed ? ": " : "",
+             fe->hang_killed ? fe->kill_why : "");
     for (Conn *c = fe->conns, *next; c != NULL; c = next) {
         next = c->next;
         if (c->state == CONN_ACTIVE) {
@@ -839,6 +967,46 @@ static void stage_died(Frontend *fe) {
             "failed; restarting in %d ms", fe->sp.exit_desc,
             fe->was_ready ? "" : " before it was ready: ",
             fe->was_ready ? "" : fe->sp.last_line, failed, delay);
+}
+
+/* The heartbeat check behind the timers: logs the stage going silent and
+ * coming back, and kills it once silent for cfg->stage_kill_s (0: never).
+ * Returns the time of the next check: the silence deadline while the
+ * stage beats, a short poll while it is silent (to see it come back). */
+static double stage_watch(Frontend *fe, double now) {
+    const ServeConfig *cfg = fe->cfg;
+    double             in_step, silence;
+    char               why[96];
+
+    if (fe->st != STAGE_READY || fe->hang_killed) return INFINITY;
+    silence = stage_silence(fe, now, &in_step);
+    if (silence < cfg->stage_unready_s) {
+        if (fe->silent) {
+            log_msg(LOG_INFO, "thinker stage (pid %d) is beating again; "
+                    "ready", (int) fe->sp.pid);
+        }
+        fe->silent = false;
+        return now + cfg->stage_unready_s - silence;
+    }
+    if (!fe->silent) {
+        log_msg(LOG_WARN, "thinker stage (pid %d) silent for %.1f s%s; not "
+                "ready", (int) fe->sp.pid, silence,
+                in_step >= 0 ? " in one step" : "");
+        fe->silent = true;
+    }
+    if (cfg->stage_kill_s > 0 && silence >= cfg->stage_kill_s) {
+        snprintf(fe->kill_why, sizeof(fe->kill_why), "killed after %.1f s "
+                 "without a heartbeat%s", silence,
+                 in_step >= 0 ? ", in one step" : "");
+        fe->hang_killed = true;
+        atomic_fetch_add_explicit(&fe->sp.stats->stage_hang_kills, 1,
+                                  memory_order_relaxed);
+        snprintf(why, sizeof(why), "has been silent for %.1f s%s", silence,
+                 in_step >= 0 ? " in one step" : "");
+        stage_kill(fe, why);
+        return INFINITY;
+    }
+    return now + STAGE_BEAT_MS / 1e3;
 }
 
 /* At EOF sup_read_stderr closes err_fd, which also takes it out of the
@@ -1035,6 +1203,7 @@ static int next_timeout(const Frontend *fe) {
     if (fe->rhead != NULL) {
         next = fmin(next, fe->rhead->t_accept + fe->cfg->read_timeout_s);
     }
+    next = fmin(next, fe->watch_at);
     if (isinf(next)) return -1;
     return next <= t ? 0 : (int) ceil((next - t) * 1e3);
 }
@@ -1045,6 +1214,9 @@ static void run_timers(Frontend *fe) {
     if (fe->phase == PHASE_RUN && fe->st == STAGE_DOWN && t >= fe->restart_at)
     {
         stage_start(fe);
+    }
+    if (t >= fe->watch_at || fe->st != STAGE_READY) {
+        fe->watch_at = stage_watch(fe, t);
     }
     if (fe->st == STAGE_GONE && t >= fe->gone_kill_at) {
         stage_kill(fe, "closed its channel but did not exit");
@@ -1186,6 +1358,7 @@ static void frontend_init(Frontend *fe, const ServeConfig *cfg) {
     fe->s_stage_err.kind = SRC_STAGE_ERR;
     fe->st = STAGE_DOWN;
     fe->gone_kill_at = INFINITY;
+    fe->watch_at = INFINITY;
     fe->next_id = 1;
     fe->created = (long long) time(NULL);
     fe->max_model_len = cfg->ctx;

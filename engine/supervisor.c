@@ -144,6 +144,8 @@ static void reset_gauges(OmniStats *st) {
     atomic_store_explicit(&st->kv_blocks_free, 0, memory_order_relaxed);
     atomic_store_explicit(&st->kv_blocks_total, 0, memory_order_relaxed);
     atomic_store_explicit(&st->stage_pid, 0, memory_order_relaxed);
+    atomic_store_explicit(&st->heartbeat_us, 0, memory_order_relaxed);
+    atomic_store_explicit(&st->step_start_us, 0, memory_order_relaxed);
 }
 
 bool sup_reap(StageProc *sp) {

@@ -12,11 +12,20 @@
  * Then one loop, single-threaded:
  *
  *   poll      ipc_fd for SUBMIT/CANCEL (and POLLOUT while output waits);
- *             timeout 0 while the scheduler has work, forever when idle
+ *             timeout 0 while the scheduler has work, STAGE_BEAT_MS when
+ *             idle (so the heartbeat goes on)
  *   read      every whole frame available: SUBMIT is parsed, checked,
  *             rendered and tokenized, then queued; CANCEL frees at once
  *   step      one scheduler step, its events queued as frames
  *   flush     as much output as the socket takes
+ *
+ * Each turn, each frame and each step writes the heartbeat in the stats
+ * page (stage.h): the frontend's only evidence that this loop still runs.
+ *
+ * A prompt that cannot fit the context is refused before it costs a
+ * full tokenization: first by the text bound (stage.h's PromptBound, one
+ * pass at most over the text), else by tokenizing it only until it passes
+ * ctx tokens (tokenizer_encode_upto; the error then says "at least").
  *
  * Output is bounded: past WRITE_HIGH bytes unsent the loop stops stepping
  * and waits for the frontend to drain (it always does), so a stalled
@@ -69,6 +78,7 @@ typedef struct {
     FrameReader        rd;
     FrameWriter        wr;
     bool               nomem;       // the writer could not grow
+    PromptBound        bound;       // the tokenizer's text bound
     int32_t           *toks;        // (ctx + 1,) prompt scratch, owned
     char              *chat;        // rendered chat scratch, owned, grows
     size_t             chat_cap;
@@ -164,40 +174,51 @@ static long render_chat(Thinker *t, const OmniRequest *r, Err *err) {
     return len;
 }
 
-/* Queues r as request id, or answers it with an ERROR. Prompts of up to
- * ctx + 1 tokens are tokenized into t->toks; a longer one (refused by the
- * scheduler as too long, with its true length) into a buffer of its own. */
-static void submit(Thinker *t, uint64_t id, const OmniRequest *r) {
+/* The prompt's tokens into t->toks. Returns their count (< ctx), or -1
+ * when the request was answered here with an ERROR: a template that cannot
+ * render it, a tokenizer failure, or a prompt that cannot fit (refused by
+ * the bound before tokenizing, or by the exact count that tokenizing into
+ * ctx + 1 slots returns however long the text is). */
+static int64_t prompt_tokens(Thinker *t, uint64_t id, const OmniRequest *r,
+                             const char *param)
+{
     const char *text = r->prompt;
     size_t      len = r->prompt_len;
-    int64_t     cap = t->ctx + 1, n;
-    int32_t    *big = NULL;
-    SeqParams   p;
+    int64_t     least, n;
     Err         err;
 
     if (r->chat) {
         long clen = render_chat(t, r, &err);
 
         if (clen < 0) {
-            ev_error(t, id, 400, "invalid_request_error", "messages", NULL,
+            ev_error(t, id, 400, "invalid_request_error", param, NULL,
                      err.msg);
-            return;
+            return -1;
         }
         text = t->chat;
         len = (size_t) clen;
     }
-    n = tokenizer_encode(t->tk, text, len, true, r->chat, t->toks, cap, &err);
-    if (n > cap && (big = malloc((size_t) n * sizeof(int32_t))) != NULL) {
-        n = tokenizer_encode(t->tk, text, len, true, r->chat, big, n, &err);
-    } else if (n > cap) {
-        n = err_set(&err, "out of memory tokenizing the prompt");
-    }
+    least = prompt_bound_tokens(&t->bound,
+                                prompt_bound_bytes(&t->bound, text, len))
+            + (tokenizer_adds_bos(t->tk) ? 1 : 0);
+    if (sched_check_length(t->sched, id, least, true, param) != 0) return -1;
+    n = tokenizer_encode_upto(t->tk, text, len, true, r->chat, t->toks,
+                              t->ctx, &err);
     if (n < 0) {
-        ev_error(t, id, 400, "invalid_request_error",
-                 r->chat ? "messages" : "prompt", NULL, err.msg);
-        free(big);
-        return;
+        ev_error(t, id, 400, "invalid_request_error", param, NULL, err.msg);
+        return -1;
     }
+    return sched_check_length(t->sched, id, n, n > t->ctx, param) == 0 ? n
+                                                                       : -1;
+}
+
+/* Queues r as request id, or answers it with an ERROR. */
+static void submit(Thinker *t, uint64_t id, const OmniRequest *r) {
+    const char *param = r->chat ? "messages" : "prompt";
+    int64_t     n = prompt_tokens(t, id, r, param);
+    SeqParams   p;
+
+    if (n < 0) return;
     memset(&p, 0, sizeof(p));
     p.max_tokens = r->max_tokens;
     p.sampling = r->sampling;
@@ -206,9 +227,8 @@ static void submit(Thinker *t, uint64_t id, const OmniRequest *r) {
     p.ignore_eos = r->ignore_eos;
     p.cache_salt = r->cache_salt;
     p.cache_salt_len = r->cache_salt_len;
-    p.prompt_param = r->chat ? "messages" : "prompt";
-    sched_submit(t->sched, id, big != NULL ? big : t->toks, n, &p);
-    free(big);
+    p.prompt_param = param;
+    sched_submit(t->sched, id, t->toks, n, &p);
 }
 
 static void on_submit(Thinker *t, uint64_t id, const char *json, size_t len)
@@ -231,6 +251,38 @@ static void on_submit(Thinker *t, uint64_t id, const char *json, size_t len)
         submit(t, id, &r);
     }
     request_free(&r);
+}
+
+/* ---- Liveness (stage.h) -------------------------------------------------- */
+
+static void beat(Thinker *t) {
+    if (t->stats == NULL) return;
+    atomic_store_explicit(&t->stats->heartbeat_us, stage_clock_us(),
+                          memory_order_relaxed);
+}
+
+/* One scheduler step between two beats, with its start published while it
+ * runs (health tells a long step from a stalled loop) and the longest
+ * step kept (what --stage-kill-after must stay above). */
+static void step(Thinker *t) {
+    OmniStats *st = t->stats;
+    int64_t    t0 = stage_clock_us(), t1;
+
+    if (st != NULL) {
+        atomic_store_explicit(&st->heartbeat_us, t0, memory_order_relaxed);
+        atomic_store_explicit(&st->step_start_us, t0, memory_order_relaxed);
+    }
+    sched_step(t->sched);
+    if (st == NULL) return;
+    t1 = stage_clock_us();
+    atomic_store_explicit(&st->step_start_us, 0, memory_order_relaxed);
+    atomic_store_explicit(&st->heartbeat_us, t1, memory_order_relaxed);
+    if (t1 - t0 > atomic_load_explicit(&st->step_max_us,
+                                       memory_order_relaxed))
+    {
+        atomic_store_explicit(&st->step_max_us, t1 - t0,
+                              memory_order_relaxed);
+    }
 }
 
 /* Handles every whole frame that can be read now. Returns 1 at EOF, 0
@@ -260,6 +312,7 @@ static int read_frames(Thinker *t, Err *err) {
                            "a stage does not take", t->rd.hdr.type);
         }
         frame_reader_next(&t->rd);
+        beat(t);
     }
     if (st == FRAME_BAD) {
         return err_set(err, "frontend channel: %s", t->rd.error);
@@ -423,6 +476,9 @@ static int map_stats(Thinker *t, int stats_fd, Err *err) {
     atomic_store(&s->kv_blocks_cached, 0);
     atomic_store(&s->kv_blocks_free, 0);
     atomic_store(&s->kv_blocks_total, 0);
+    atomic_store(&s->heartbeat_us, 0);
+    atomic_store(&s->step_start_us, 0);
+    atomic_store(&s->step_max_us, 0);
     atomic_store(&s->stage_pid, (int64_t) getpid());
     return 0;
 }
@@ -458,10 +514,11 @@ static int warm_up(Thinker *t, Err *err) {
     return 0;
 }
 
-/* READY: {"id": name, "max_model_len": ctx, "kernels": set}, the name
- * JSON-escaped. */
+/* READY: {"id": name, "max_model_len": ctx, "kernels": set,
+ * "max_piece_bytes": n, "ws_free": bool}, the name JSON-escaped. The
+ * first heartbeat goes out with it. */
 static int say_ready(Thinker *t, Err *err) {
-    char   buf[2 * sizeof(t->name) * 3 + 128];
+    char   buf[2 * sizeof(t->name) * 3 + 256];
     size_t n = 0;
 
     n += (size_t) snprintf(buf, sizeof(buf), "{\"id\":\"");
@@ -479,7 +536,10 @@ static int say_ready(Thinker *t, Err *err) {
     }
     n += (size_t) snprintf(buf + n, sizeof(buf) - n,
                            "\",\"max_model_len\":%" PRId64 ",\"kernels\":"
-                           "\"%s\"}", t->ctx, t->be->name);
+                           "\"%s\",\"max_piece_bytes\":%" PRIu32 ",\"ws_free\":"
+                           "%s}", t->ctx, t->be->name, t->bound.max_piece,
+                           t->bound.ws_free ? "true" : "false");
+    beat(t);
     if (frame_put(&t->wr, OMNI_F_STAGE_READY, buf, n) != 0) {
         return err_set(err, "out of memory");
     }
@@ -502,6 +562,7 @@ static int thinker_start(Thinker *t, int stats_fd, Err *err) {
         return err_set(err, "--ctx %" PRId64 " is more than the model's "
                        "context of %" PRId64 " tokens", t->ctx, n_ctx);
     }
+    tokenizer_text_bound(t->tk, &t->bound.max_piece, &t->bound.ws_free);
     t->toks = malloc((size_t) (t->ctx + 1) * sizeof(int32_t));
     if (t->toks == NULL) return err_set(err, "out of memory");
     if (make_backend(t, err) != 0 || map_stats(t, stats_fd, err) != 0
@@ -536,15 +597,17 @@ static int serve(Thinker *t, Err *err) {
         int           rc;
 
         if (pending > 0) p.events |= POLLOUT;
-        rc = poll(&p, 1, sched_idle(t->sched) || backlog ? -1 : 0);
+        rc = poll(&p, 1, sched_idle(t->sched) || backlog ? STAGE_BEAT_MS
+                                                         : 0);
         if (rc < 0 && errno != EINTR) {
             return err_set(err, "poll: %s", strerror(errno));
         }
+        beat(t);
         if (rc > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
             rc = read_frames(t, err);
             if (rc != 0) return rc > 0 ? 0 : -1;
         }
-        if (!backlog && !sched_idle(t->sched)) sched_step(t->sched);
+        if (!backlog && !sched_idle(t->sched)) step(t);
         if (t->nomem) return err_set(err, "out of memory queueing output");
         if (frame_flush(&t->wr, t->fd) != 0) {
             if (errno == EPIPE || errno == ECONNRESET) return 0;
