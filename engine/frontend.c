@@ -76,6 +76,7 @@
 #include "serve.h"
 #include "stage.h"
 #include "supervisor.h"
+#include "workq.h"
 
 #define CONN_MAX_PENDING  (8u << 20)    // queued output per client
 #define ID_BUCKETS        4096          // request id table (power of 2)
@@ -85,12 +86,15 @@
 #define LISTEN_PAUSE_S    0.1           // after EMFILE and friends
 #define FAILS_TO_REPORT   3             // failed starts before health
                                         //   blames the stage
+#define PARSE_INLINE_MAX  (16u << 10)   // larger REQUESTs: parse thread
+#define PARSE_NICE        10            // its nice value, above ours
 
 typedef enum {
     SRC_LISTEN,
     SRC_SIGNAL,
     SRC_STAGE,
     SRC_STAGE_ERR,
+    SRC_PARSED,
     SRC_CONN,
 } SrcKind;
 
@@ -102,9 +106,32 @@ typedef struct {
 
 typedef enum {
     CONN_READ,                  // waiting for the one frame
+    CONN_PARSING,               // its REQUEST is on the parse thread
     CONN_ACTIVE,                // request at the stage
     CONN_CLOSING,               // last frame queued; close when flushed
 } ConnState;
+
+/* A REQUEST's parse (parse_request), wherever it ran. */
+typedef struct {
+    int          rc;            // request_parse's
+    ReqError     e;             // when rc != 0
+    OmniRequest  req;           // when rc == 0; freed by request_checked
+    uint64_t     bytes;         // what the prompt bound counts of the text
+} Parsed;
+
+struct Conn;
+
+/* One parse on the parse thread. json is the connection's reader payload,
+ * which stays put while the job is out (conn_close leaves the reader to
+ * on_parsed). */
+typedef struct {
+    WorkJob      w;             // first: the queue's view of the job
+    struct Conn *c;             // borrowed
+    const char  *json;          // (len,) view into c->rd.payload
+    size_t       len;
+    PromptBound  bound;         // a copy: the thread reads no Frontend
+    Parsed       out;
+} ParseJob;
 
 typedef struct Conn {
     Source       src;           // SRC_CONN
@@ -122,6 +149,7 @@ typedef struct Conn {
     struct Conn *rprev, *rnext; // in READ, oldest first: one timeout for
                                 //   all, so the head's deadline is next
     struct Conn *hnext;         // chain in the id table
+    ParseJob    *job;           // its parse, while out (owned)
 } Conn;
 
 typedef enum {
@@ -143,7 +171,9 @@ typedef struct {
     int          lfd;           // listener, -1 once closed
     int          sfd;           // signalfd, owned
     int          lock_fd;       // cfg->lock_file, locked; -1: none
-    Source       s_listen, s_signal, s_stage, s_stage_err;
+    Source       s_listen, s_signal, s_stage, s_stage_err, s_parsed;
+    WorkQ        pq;            // the parse thread (large requests)
+    bool         pq_up;         // it started
     bool         listen_paused;
     double       listen_resume;
 
@@ -258,6 +288,13 @@ static void read_leave(Frontend *fe, Conn *c) {
     c->rprev = c->rnext = NULL;
 }
 
+/* Frees a closed connection's reader and parks it for free_dead. */
+static void conn_release(Frontend *fe, Conn *c) {
+    frame_reader_free(&c->rd);
+    c->next = fe->dead;
+    fe->dead = c;
+}
+
 static void conn_close(Frontend *fe, Conn *c) {
     if (c->fd < 0) return;
     read_leave(fe, c);
@@ -272,10 +309,9 @@ static void conn_close(Frontend *fe, Conn *c) {
     else fe->conns = c->next;
     if (c->next != NULL) c->next->prev = c->prev;
     fe->n_conns--;
-    frame_reader_free(&c->rd);
     frame_writer_free(&c->wr);
-    c->next = fe->dead;
-    fe->dead = c;
+    if (c->job != NULL) return;         // on_parsed releases it
+    conn_release(fe, c);
 }
 
 /* The client went away (EOF, reset, write error): a request in flight is
@@ -532,84 +568,151 @@ static void reply_metrics(Frontend *fe, Conn *c) {
 
 /* ---- Requests ----------------------------------------------------------- */
 
-/* The prompt bound on what the request's text alone implies: the prompt,
- * or every message's content, trimmed as some templates trim it; the
- * template's own text is not counted, so this stays below the thinker's
- * bound on the rendered text. Returns true after refusing c with 400
- * context_length_exceeded, as the stage would have. */
-static bool prompt_too_long(Frontend *fe, Conn *c, const OmniRequest *r) {
-    const PromptBound *b = &fe->bound;
-    uint64_t           bytes = 0;
-    int64_t            least;
-    char               msg[160];
+/* What the frontend needs from a REQUEST, computed on the loop's thread or
+ * on the parse thread: the parse, and the bytes the prompt bound counts
+ * in the prompt, or in every message's content trimmed as some templates
+ * trim it (the template's own text is not counted, so this stays below
+ * the thinker's bound on the rendered text). */
+static void parse_request(const char *json, size_t len, const PromptBound *b,
+                          Parsed *p)
+{
+    const OmniRequest *r = &p->req;
 
-    if (b->max_piece == 0) return false;
-    if (!r->chat) {
-        bytes = prompt_bound_bytes(b, r->prompt, r->prompt_len);
-    }
+    p->bytes = 0;
+    p->rc = request_parse(&p->req, json, len, &p->e);
+    if (p->rc != 0 || b->max_piece == 0) return;
+    if (!r->chat) p->bytes = prompt_bound_bytes(b, r->prompt, r->prompt_len);
     for (int i = 0; r->chat && i < r->n_msgs; i++) {
         const char *s = r->msgs[i].content;
         size_t      n = strlen(s);
 
         while (n > 0 && prompt_bound_space(*s)) s++, n--;
         while (n > 0 && prompt_bound_space(s[n - 1])) n--;
-        bytes += prompt_bound_bytes(b, s, n);
+        p->bytes += prompt_bound_bytes(b, s, n);
     }
-    least = prompt_bound_tokens(b, bytes);
-    if (least < fe->max_model_len) return false;
+}
+
+static void parse_job_run(WorkJob *w) {
+    ParseJob *j = (ParseJob *) w;
+
+    parse_request(j->json, j->len, &j->bound, &j->out);
+}
+
+/* Refuses c with 400 context_length_exceeded, as the stage would have,
+ * when the prompt bound says the prompt cannot fit. */
+static bool prompt_too_long(Frontend *fe, Conn *c, const Parsed *p) {
+    int64_t least = prompt_bound_tokens(&fe->bound, p->bytes);
+    char    msg[160];
+
+    if (fe->bound.max_piece == 0 || least < fe->max_model_len) return false;
     snprintf(msg, sizeof(msg), PROMPT_TOO_LONG_FMT, fe->max_model_len,
              "at least ", least);
-    conn_error(fe, c, 400, r->chat ? "messages" : "prompt",
+    conn_error(fe, c, 400, p->req.chat ? "messages" : "prompt",
                "context_length_exceeded", msg);
     return true;
 }
 
-/* Validates the REQUEST (so a client mistake is answered here, without a
- * round trip to the stage) and hands it to the stage. The stage parses it
- * again; parsing is microseconds next to one forward pass, and keeping
- * the frontend free of model state is worth that. */
-static void request_start(Frontend *fe, Conn *c) {
+/* The checks after the parse, then the stage gets the request. Frees what
+ * p holds. */
+static void request_checked(Frontend *fe, Conn *c, Parsed *p) {
     const char *json = (const char *) c->rd.payload;
     size_t      len = c->rd.hdr.len;
-    OmniRequest req;
-    ReqError    e;
     char        why[1024];
 
-    c->t_arrive = clock_now_s();
-    if (fe->phase != PHASE_RUN) {
+    if (p->rc != 0) {
+        conn_error(fe, c, 400, p->e.param[0] ? p->e.param : NULL, NULL,
+                   p->e.err.msg);
+        return;
+    }
+    if (p->req.model != NULL && strcmp(p->req.model, fe->model_id) != 0) {
+        snprintf(why, sizeof(why), "The model `%.200s` does not exist or "
+                 "you do not have access to it.", p->req.model);
+        request_free(&p->req);
+        conn_error(fe, c, 404, "model", "model_not_found", why);
+        return;
+    }
+    if (prompt_too_long(fe, c, p)) {
+        request_free(&p->req);
+        return;
+    }
+    request_free(&p->req);
+    if (fe->phase != PHASE_RUN) {       // the parse thread took a while
         conn_error(fe, c, 503, NULL, "engine_shutdown",
                    "the engine is shutting down");
         return;
     }
-    if (request_parse(&req, json, len, &e) != 0) {
-        conn_error(fe, c, 400, e.param[0] ? e.param : NULL, NULL, e.err.msg);
-        return;
-    }
-    if (req.model != NULL && strcmp(req.model, fe->model_id) != 0) {
-        snprintf(why, sizeof(why), "The model `%.200s` does not exist or "
-                 "you do not have access to it.", req.model);
-        request_free(&req);
-        conn_error(fe, c, 404, "model", "model_not_found", why);
-        return;
-    }
-    if (prompt_too_long(fe, c, &req)) {
-        request_free(&req);
-        return;
-    }
-    request_free(&req);
     if (!stage_live(fe)) {
         health(fe, why, sizeof(why));
         conn_error(fe, c, 503, NULL, "engine_not_ready", why);
         return;
     }
     c->id = fe->next_id++;
-    read_leave(fe, c);
     c->state = CONN_ACTIVE;
     c->hnext = *id_slot(fe, c->id);
     *id_slot(fe, c->id) = c;
     fe->n_active++;
     c->t_submit = clock_now_s();
     stage_send(fe, OMNI_F_STAGE_SUBMIT, c->id, json, len);
+}
+
+/* Validates the REQUEST (so a client mistake is answered here, without a
+ * round trip to the stage) and hands it to the stage. The stage parses it
+ * again; parsing is microseconds next to one forward pass for the usual
+ * request, and keeping the frontend free of model state is worth that.
+ * A request over PARSE_INLINE_MAX bytes is parsed on the parse thread
+ * (workq.h) instead: a megabyte of JSON takes milliseconds, during which
+ * no stream would get its tokens. The connection waits in CONN_PARSING;
+ * on_parsed takes it from there. */
+static void request_start(Frontend *fe, Conn *c) {
+    size_t    len = c->rd.hdr.len;
+    ParseJob *j;
+    Parsed    p;
+
+    c->t_arrive = clock_now_s();
+    read_leave(fe, c);
+    if (fe->phase != PHASE_RUN) {
+        conn_error(fe, c, 503, NULL, "engine_shutdown",
+                   "the engine is shutting down");
+        return;
+    }
+    if (len > PARSE_INLINE_MAX && fe->pq_up
+        && (j = calloc(1, sizeof(*j))) != NULL)
+    {
+        j->w.run = parse_job_run;
+        j->c = c;
+        j->json = (const char *) c->rd.payload;
+        j->len = len;
+        j->bound = fe->bound;
+        c->job = j;
+        c->state = CONN_PARSING;
+        ep_set(fe, c->fd, &c->events, EPOLLIN, c);
+        workq_push(&fe->pq, &j->w);
+        return;
+    }
+    parse_request((const char *) c->rd.payload, len, &fe->bound, &p);
+    request_checked(fe, c, &p);
+}
+
+/* Parses are done: each connection still waiting goes on; one closed
+ * meanwhile is freed now (its reader held the JSON the parse read); one
+ * answered meanwhile (shutdown, a protocol error) is left as it is. */
+static void on_parsed(Frontend *fe) {
+    WorkJob *w = workq_done(&fe->pq), *next;
+
+    for (; w != NULL; w = next) {
+        ParseJob *j = (ParseJob *) w;
+        Conn     *c = j->c;
+
+        next = w->next;
+        c->job = NULL;
+        if (c->fd >= 0 && c->state == CONN_PARSING && w->ran) {
+            request_checked(fe, c, &j->out);
+        } else {
+            if (w->ran && j->out.rc == 0) request_free(&j->out.req);
+            if (c->fd < 0) conn_release(fe, c);
+        }
+        free(j);
+    }
 }
 
 static void conn_frame(Frontend *fe, Conn *c) {
@@ -1128,7 +1231,7 @@ static void on_listen(Frontend *fe) {
 static void finish_begin(Frontend *fe) {
     for (Conn *c = fe->conns, *next; c != NULL; c = next) {
         next = c->next;
-        if (c->state == CONN_ACTIVE) {
+        if (c->state == CONN_ACTIVE || c->state == CONN_PARSING) {
             conn_error(fe, c, 503, NULL, "engine_shutdown",
                        "the engine is shutting down");
         } else if (c->state == CONN_READ) {
@@ -1270,6 +1373,9 @@ static void dispatch(Frontend *fe, struct epoll_event *ev) {
     case SRC_STAGE_ERR:
         on_stage_err(fe);
         break;
+    case SRC_PARSED:
+        on_parsed(fe);
+        break;
     case SRC_CONN:
         if (((Conn *) s)->fd >= 0) on_conn(fe, (Conn *) s, ev->events);
         break;
@@ -1300,6 +1406,20 @@ static void loop(Frontend *fe) {
         run_timers(fe);
         free_dead(fe);
     }
+}
+
+
+/* ---- The parse thread ---------------------------------------------------
+ * Started after the signal mask is set, which it inherits: signals stay
+ * with signalfd. */
+
+static int parse_open(Frontend *fe, Err *err) {
+    uint32_t ev = 0;
+
+    if (workq_init(&fe->pq, PARSE_NICE, err) != 0) return -1;
+    fe->pq_up = true;
+    ep_set(fe, fe->pq.efd, &ev, EPOLLIN, &fe->s_parsed);
+    return 0;
 }
 
 
@@ -1356,6 +1476,7 @@ static void frontend_init(Frontend *fe, const ServeConfig *cfg) {
     fe->s_signal.kind = SRC_SIGNAL;
     fe->s_stage.kind = SRC_STAGE;
     fe->s_stage_err.kind = SRC_STAGE_ERR;
+    fe->s_parsed.kind = SRC_PARSED;
     fe->st = STAGE_DOWN;
     fe->gone_kill_at = INFINITY;
     fe->watch_at = INFINITY;
@@ -1372,6 +1493,12 @@ static void frontend_init(Frontend *fe, const ServeConfig *cfg) {
 /* After the loop: the stage has been reaped unless the loop broke out on
  * an error, in which case it is killed and waited for here. */
 static void frontend_free(Frontend *fe) {
+    if (fe->pq_up) {
+        workq_stop(&fe->pq);
+        while (fe->conns != NULL) conn_close(fe, fe->conns);
+        on_parsed(fe);
+        workq_free(&fe->pq);
+    }
     while (fe->conns != NULL) conn_close(fe, fe->conns);
     free_dead(fe);
     listen_close(fe);
@@ -1400,8 +1527,8 @@ int frontend_run(const ServeConfig *cfg, int argc, char **argv, Err *err) {
     fe->ep = epoll_create1(EPOLL_CLOEXEC);
     if (fe->ep < 0) {
         err_set(err, "epoll_create1: %s", strerror(errno));
-    } else if (signals_open(fe, err) == 0 && lock_take(fe, err) == 0
-               && listen_open(fe, err) == 0)
+    } else if (signals_open(fe, err) == 0 && parse_open(fe, err) == 0
+               && lock_take(fe, err) == 0 && listen_open(fe, err) == 0)
     {
         log_msg(LOG_INFO, "serving %s on %s", fe->model_id, cfg->socket_path);
         stage_start(fe);

@@ -361,30 +361,26 @@ static int queued_params(Scheduler *s, Queued *w, uint64_t id,
     return 0;
 }
 
-int sched_check_length(Scheduler *s, uint64_t id, int64_t n, bool at_least,
-                       const char *param)
-{
-    char msg[160];
-
-    if (n < s->cfg.max_ctx) return 0;
-    snprintf(msg, sizeof(msg), PROMPT_TOO_LONG_FMT, s->cfg.max_ctx,
-             at_least ? "at least " : "", n);
-    emit_error(s, id, 400, "invalid_request_error", param,
-               "context_length_exceeded", msg);
-    return -1;
-}
-
 /* Refuses prompts that cannot run: empty, or with no room left to
  * generate in the context. Returns 0, or -1 after the ERROR event. */
 static int check_prompt(Scheduler *s, uint64_t id, int64_t n,
                         const char *param)
 {
+    char msg[160];
+
     if (n <= 0) {
         emit_error(s, id, 400, "invalid_request_error", param, NULL,
                    "the prompt is empty");
         return -1;
     }
-    return sched_check_length(s, id, n, false, param);
+    if (n >= s->cfg.max_ctx) {
+        snprintf(msg, sizeof(msg), PROMPT_TOO_LONG_FMT, s->cfg.max_ctx, "",
+                 n);
+        emit_error(s, id, 400, "invalid_request_error", param,
+                   "context_length_exceeded", msg);
+        return -1;
+    }
+    return 0;
 }
 
 int sched_submit(Scheduler *s, uint64_t id, const int32_t *prompt, int64_t n,

@@ -112,14 +112,6 @@ void       sched_free(Scheduler *s);
 int        sched_submit(Scheduler *s, uint64_t id, const int32_t *prompt,
                         int64_t n, const SeqParams *p);
 
-/* Refuses request id when a prompt of n tokens (at least n, with
- * at_least: a bound, not a count) leaves no room in the context: emits
- * 400 context_length_exceeded naming param and returns -1. Returns 0 when
- * it fits. sched_submit makes the same check; this is for a caller that
- * can tell a prompt is too long without its tokens. */
-int        sched_check_length(Scheduler *s, uint64_t id, int64_t n,
-                              bool at_least, const char *param);
-
 /* Drops request id wherever it is (queued or admitted), freeing its
  * blocks at once; emits nothing. Unknown ids are ignored. */
 void       sched_cancel(Scheduler *s, uint64_t id);

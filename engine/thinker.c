@@ -42,6 +42,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,12 +59,44 @@
 #include "serve.h"
 #include "stage.h"
 #include "tokenizer.h"
+#include "workq.h"
 
 #define WRITE_HIGH      (8u << 20)  // unsent output that pauses stepping
+#define PREP_INLINE_MAX (16u << 10) // larger SUBMITs: the helper thread
+#define PREP_NICE       5           // its nice value, above the loop's
 #define DEFAULT_KV_MB   1024.0
 #define DEFAULT_CTX_MAX 4096
 
+/* One SUBMIT being prepared: parsed, checked, rendered, tokenized. */
 typedef struct {
+    uint64_t     id;
+    const char  *json;              // (len,) borrowed
+    size_t       len;
+    OmniRequest  req;               // owned when parsed
+    bool         parsed;
+    int32_t     *toks;              // (ctx + 1,) the prompt's tokens
+    char        *chat;              // (chat_cap,) rendered chat, grows
+    size_t       chat_cap;
+    int64_t      n;                 // tokens, when status is 0
+    int          status;            // 0: ready; else the ERROR's status
+    char         param[64];         // the ERROR's param, "" for none
+    const char  *code;              // the ERROR's code (static) or NULL
+    char         msg[400];          // the ERROR's message
+} Prep;
+
+struct Thinker;
+
+/* A Prep on the helper thread, owning its JSON copy and scratch. */
+typedef struct PrepJob {
+    WorkJob                w;       // first: the queue's view of the job
+    const struct Thinker  *t;       // read-only from the thread
+    char                  *json;    // owned copy
+    Prep                   p;       // toks and chat owned
+    bool                   cancelled;
+    struct PrepJob        *next;    // jobs out, newest first
+} PrepJob;
+
+typedef struct Thinker {
     const ServeConfig *cfg;         // borrowed
     int                fd;          // ipc_fd, non-blocking
     Model              m;
@@ -82,6 +115,10 @@ typedef struct {
     int32_t           *toks;        // (ctx + 1,) prompt scratch, owned
     char              *chat;        // rendered chat scratch, owned, grows
     size_t             chat_cap;
+    WorkQ              wq;          // prepares large SUBMITs
+    bool               wq_up;
+    PrepJob           *jobs;        // out on wq, owned
+    int                n_jobs;
 } Thinker;
 
 
@@ -154,106 +191,238 @@ static void ev_error(void *ud, uint64_t id, int status, const char *type,
 }
 
 
-/* ---- Requests in -------------------------------------------------------- */
+/* ---- Requests in --------------------------------------------------------
+ * A SUBMIT is prepared (parsed, checked, rendered, tokenized), then the
+ * scheduler takes it. Preparing costs time in proportion to the request's
+ * bytes, so one over PREP_INLINE_MAX is prepared on the helper thread
+ * (workq.h) while steps go on, and queued when it comes back (it may be
+ * overtaken by smaller requests that arrived after it). Preparing reads
+ * only what does not change after startup (the tokenizer, the template,
+ * the name, ctx, the bound) and writes only its Prep, so the same code
+ * runs on either thread; its ERROR is emitted by the loop. */
 
-/* Renders r's messages with the model's template into t->chat. Returns
+/* Renders r's messages with the model's template into p->chat. Returns
  * the length, or -1 with err set. */
-static long render_chat(Thinker *t, const OmniRequest *r, Err *err) {
-    long len = chat_render(t->tmpl, r->msgs, r->n_msgs, true, t->chat,
-                           t->chat_cap, err);
+static long render_chat(const Thinker *t, Prep *p, Err *err) {
+    const OmniRequest *r = &p->req;
+    long               len = chat_render(t->tmpl, r->msgs, r->n_msgs, true,
+                                         p->chat, p->chat_cap, err);
 
-    if (len >= 0 && (size_t) len >= t->chat_cap) {
-        char *grown = realloc(t->chat, (size_t) len + 1);
+    if (len >= 0 && (size_t) len >= p->chat_cap) {
+        char *grown = realloc(p->chat, (size_t) len + 1);
 
         if (grown == NULL) return err_set(err, "out of memory");
-        t->chat = grown;
-        t->chat_cap = (size_t) len + 1;
-        len = chat_render(t->tmpl, r->msgs, r->n_msgs, true, t->chat,
-                          t->chat_cap, err);
+        p->chat = grown;
+        p->chat_cap = (size_t) len + 1;
+        len = chat_render(t->tmpl, r->msgs, r->n_msgs, true, p->chat,
+                          p->chat_cap, err);
     }
     return len;
 }
 
-/* The prompt's tokens into t->toks. Returns their count (< ctx), or -1
- * when the request was answered here with an ERROR: a template that cannot
- * render it, a tokenizer failure, or a prompt that cannot fit (refused by
- * the bound before tokenizing, or by the exact count that tokenizing into
- * ctx + 1 slots returns however long the text is). */
-static int64_t prompt_tokens(Thinker *t, uint64_t id, const OmniRequest *r,
-                             const char *param)
+/* Sets p's outcome to an ERROR (400 invalid_request_error unless said). */
+static void prep_fail(Prep *p, int status, const char *param,
+                      const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+static void prep_fail(Prep *p, int status, const char *param,
+                      const char *code, const char *fmt, ...)
 {
-    const char *text = r->prompt;
-    size_t      len = r->prompt_len;
-    int64_t     least, n;
-    Err         err;
+    va_list ap;
+
+    p->status = status;
+    snprintf(p->param, sizeof(p->param), "%s", param != NULL ? param : "");
+    p->code = code;
+    va_start(ap, fmt);
+    vsnprintf(p->msg, sizeof(p->msg), fmt, ap);
+    va_end(ap);
+}
+
+/* The prompt's tokens into p->toks, or p's ERROR: a template that cannot
+ * render it, a tokenizer failure, or a prompt that cannot fit, refused by
+ * the bound before tokenizing or by tokenizing it only until it passes
+ * ctx tokens. */
+static void prep_tokens(const Thinker *t, Prep *p) {
+    const OmniRequest *r = &p->req;
+    const char        *param = r->chat ? "messages" : "prompt";
+    const char        *text = r->prompt;
+    size_t             len = r->prompt_len;
+    int64_t            least, n;
+    bool               at_least;
+    Err                err;
 
     if (r->chat) {
-        long clen = render_chat(t, r, &err);
+        long clen = render_chat(t, p, &err);
 
         if (clen < 0) {
-            ev_error(t, id, 400, "invalid_request_error", param, NULL,
-                     err.msg);
-            return -1;
+            prep_fail(p, 400, param, NULL, "%s", err.msg);
+            return;
         }
-        text = t->chat;
+        text = p->chat;
         len = (size_t) clen;
     }
     least = prompt_bound_tokens(&t->bound,
                                 prompt_bound_bytes(&t->bound, text, len))
             + (tokenizer_adds_bos(t->tk) ? 1 : 0);
-    if (sched_check_length(t->sched, id, least, true, param) != 0) return -1;
-    n = tokenizer_encode_upto(t->tk, text, len, true, r->chat, t->toks,
-                              t->ctx, &err);
+    n = least >= t->ctx ? least
+        : tokenizer_encode_upto(t->tk, text, len, true, r->chat, p->toks,
+                                t->ctx, &err);
+    at_least = least >= t->ctx || n > t->ctx;
     if (n < 0) {
-        ev_error(t, id, 400, "invalid_request_error", param, NULL, err.msg);
-        return -1;
+        prep_fail(p, 400, param, NULL, "%s", err.msg);
+        return;
     }
-    return sched_check_length(t->sched, id, n, n > t->ctx, param) == 0 ? n
-                                                                       : -1;
+    if (n >= t->ctx) {
+        prep_fail(p, 400, param, "context_length_exceeded",
+                  PROMPT_TOO_LONG_FMT, t->ctx, at_least ? "at least " : "",
+                  n);
+        return;
+    }
+    p->n = n;
 }
 
-/* Queues r as request id, or answers it with an ERROR. */
-static void submit(Thinker *t, uint64_t id, const OmniRequest *r) {
-    const char *param = r->chat ? "messages" : "prompt";
-    int64_t     n = prompt_tokens(t, id, r, param);
-    SeqParams   p;
+/* Parses and checks p->json, then tokenizes. Sets p->status (0: ready for
+ * the scheduler, p->req and p->toks[0..n) hold it). */
+static void prep_run(const Thinker *t, Prep *p) {
+    ReqError e;
 
-    if (n < 0) return;
-    memset(&p, 0, sizeof(p));
-    p.max_tokens = r->max_tokens;
-    p.sampling = r->sampling;
-    memcpy(p.stop, r->stop, sizeof(p.stop));
-    p.n_stop = r->n_stop;
-    p.ignore_eos = r->ignore_eos;
-    p.cache_salt = r->cache_salt;
-    p.cache_salt_len = r->cache_salt_len;
-    p.prompt_param = param;
-    sched_submit(t->sched, id, t->toks, n, &p);
+    p->status = 0;
+    if (request_parse(&p->req, p->json, p->len, &e) != 0) {
+        prep_fail(p, 400, e.param, NULL, "%s", e.err.msg);
+        return;
+    }
+    p->parsed = true;
+    if (p->req.model != NULL && strcmp(p->req.model, t->name) != 0) {
+        prep_fail(p, 404, "model", "model_not_found", "The model `%.200s` "
+                  "does not exist or you do not have access to it.",
+                  p->req.model);
+        return;
+    }
+    prep_tokens(t, p);
+}
+
+/* Queues a prepared request, or emits its ERROR; releases its request. */
+static void prep_finish(Thinker *t, Prep *p) {
+    const OmniRequest *r = &p->req;
+    SeqParams          sp;
+
+    if (p->status != 0) {
+        ev_error(t, p->id, p->status, "invalid_request_error",
+                 p->param[0] != '\0' ? p->param : NULL, p->code, p->msg);
+    } else {
+        memset(&sp, 0, sizeof(sp));
+        sp.max_tokens = r->max_tokens;
+        sp.sampling = r->sampling;
+        memcpy(sp.stop, r->stop, sizeof(sp.stop));
+        sp.n_stop = r->n_stop;
+        sp.ignore_eos = r->ignore_eos;
+        sp.cache_salt = r->cache_salt;
+        sp.cache_salt_len = r->cache_salt_len;
+        sp.prompt_param = r->chat ? "messages" : "prompt";
+        sched_submit(t->sched, p->id, p->toks, p->n, &sp);
+    }
+    if (p->parsed) request_free(&p->req);
+    p->parsed = false;
+}
+
+static void prep_job_run(WorkJob *w) {
+    PrepJob *j = (PrepJob *) w;
+
+    prep_run(j->t, &j->p);
+}
+
+static void prep_job_free(PrepJob *j) {
+    if (j->p.parsed) request_free(&j->p.req);
+    free(j->p.toks);
+    free(j->p.chat);
+    free(j->json);
+    free(j);
+}
+
+/* A large SUBMIT goes to the helper thread with a copy of its JSON (the
+ * frame reader's buffer takes the next frame at once). Returns false when
+ * it could not be sent there: the caller prepares it inline. Past
+ * max_queue jobs out, it is refused as the scheduler's full queue is. */
+static bool prep_offload(Thinker *t, uint64_t id, const char *json,
+                         size_t len)
+{
+    PrepJob *j;
+
+    if (!t->wq_up || len <= PREP_INLINE_MAX) return false;
+    if (t->n_jobs >= t->cfg->max_queue) {
+        char msg[96];
+
+        snprintf(msg, sizeof(msg), "the server is overloaded: %d requests "
+                 "are being prepared", t->n_jobs);
+        ev_error(t, id, 503, "server_error", NULL, "overloaded", msg);
+        return true;
+    }
+    j = calloc(1, sizeof(*j));
+    if (j == NULL) return false;
+    j->json = malloc(len);
+    j->p.toks = malloc((size_t) (t->ctx + 1) * sizeof(int32_t));
+    if (j->json == NULL || j->p.toks == NULL) {
+        prep_job_free(j);
+        return false;
+    }
+    memcpy(j->json, json, len);
+    j->w.run = prep_job_run;
+    j->t = t;
+    j->p.id = id;
+    j->p.json = j->json;
+    j->p.len = len;
+    j->next = t->jobs;
+    t->jobs = j;
+    t->n_jobs++;
+    workq_push(&t->wq, &j->w);
+    return true;
+}
+
+/* Prepared jobs back from the helper thread: queued, unless cancelled
+ * meanwhile (then dropped without a word, as a CANCEL wants). */
+static void prep_done(Thinker *t) {
+    WorkJob *w = workq_done(&t->wq), *next;
+
+    for (; w != NULL; w = next) {
+        PrepJob  *j = (PrepJob *) w;
+        PrepJob **pp = &t->jobs;
+
+        next = w->next;
+        while (*pp != j) pp = &(*pp)->next;
+        *pp = j->next;
+        t->n_jobs--;
+        if (!j->cancelled && w->ran) {
+            prep_finish(t, &j->p);
+        } else if (!j->cancelled) {
+            ev_error(t, j->p.id, 503, "server_error", NULL,
+                     "engine_shutdown", "the engine's thinker stage is "
+                     "stopping");
+        }
+        prep_job_free(j);
+    }
+}
+
+/* A CANCEL: wherever the request is, it goes without a word. */
+static void cancel(Thinker *t, uint64_t id) {
+    for (PrepJob *j = t->jobs; j != NULL; j = j->next) {
+        if (j->p.id == id) j->cancelled = true;
+    }
+    sched_cancel(t->sched, id);
 }
 
 static void on_submit(Thinker *t, uint64_t id, const char *json, size_t len)
 {
-    OmniRequest r;
-    ReqError    e;
-    char        why[400];
+    Prep p = { .id = id, .json = json, .len = len, .toks = t->toks,
+               .chat = t->chat, .chat_cap = t->chat_cap };
 
-    if (request_parse(&r, json, len, &e) != 0) {
-        ev_error(t, id, 400, "invalid_request_error",
-                 e.param[0] != '\0' ? e.param : NULL, NULL, e.err.msg);
-        return;
-    }
-    if (r.model != NULL && strcmp(r.model, t->name) != 0) {
-        snprintf(why, sizeof(why), "The model `%.200s` does not exist or "
-                 "you do not have access to it.", r.model);
-        ev_error(t, id, 404, "invalid_request_error", "model",
-                 "model_not_found", why);
-    } else {
-        submit(t, id, &r);
-    }
-    request_free(&r);
+    if (prep_offload(t, id, json, len)) return;
+    prep_run(t, &p);
+    t->chat = p.chat;                   // the scratch, maybe grown
+    t->chat_cap = p.chat_cap;
+    prep_finish(t, &p);
 }
 
-/* ---- Liveness (stage.h) -------------------------------------------------- */
+/* ---- Liveness (stage.h) ------------------------------------------------ */
 
 static void beat(Thinker *t) {
     if (t->stats == NULL) return;
@@ -305,7 +474,7 @@ static int read_frames(Thinker *t, Err *err) {
             on_submit(t, omni_rd64(p), (const char *) p + 8, len - 8);
             break;
         case OMNI_F_STAGE_CANCEL:
-            sched_cancel(t->sched, omni_rd64(p));
+            cancel(t, omni_rd64(p));
             break;
         default:
             return err_set(err, "frontend sent stage frame type %u, which "
@@ -536,8 +705,9 @@ static int say_ready(Thinker *t, Err *err) {
     }
     n += (size_t) snprintf(buf + n, sizeof(buf) - n,
                            "\",\"max_model_len\":%" PRId64 ",\"kernels\":"
-                           "\"%s\",\"max_piece_bytes\":%" PRIu32 ",\"ws_free\":"
-                           "%s}", t->ctx, t->be->name, t->bound.max_piece,
+                           "\"%s\",\"max_piece_bytes\":%" PRIu32
+                           ",\"ws_free\":%s}", t->ctx, t->be->name,
+                           t->bound.max_piece,
                            t->bound.ws_free ? "true" : "false");
     beat(t);
     if (frame_put(&t->wr, OMNI_F_STAGE_READY, buf, n) != 0) {
@@ -566,10 +736,12 @@ static int thinker_start(Thinker *t, int stats_fd, Err *err) {
     t->toks = malloc((size_t) (t->ctx + 1) * sizeof(int32_t));
     if (t->toks == NULL) return err_set(err, "out of memory");
     if (make_backend(t, err) != 0 || map_stats(t, stats_fd, err) != 0
-        || make_scheduler(t, err) != 0 || warm_up(t, err) != 0)
+        || make_scheduler(t, err) != 0 || warm_up(t, err) != 0
+        || workq_init(&t->wq, PREP_NICE, err) != 0)
     {
         return -1;
     }
+    t->wq_up = true;
     return say_ready(t, err);
 }
 
@@ -593,17 +765,19 @@ static int serve(Thinker *t, Err *err) {
     for (;;) {
         size_t        pending = frame_writer_pending(&t->wr);
         bool          backlog = pending > WRITE_HIGH;
-        struct pollfd p = { t->fd, POLLIN, 0 };
+        struct pollfd p[2] = { { t->fd, POLLIN, 0 },
+                               { t->wq.efd, POLLIN, 0 } };
         int           rc;
 
-        if (pending > 0) p.events |= POLLOUT;
-        rc = poll(&p, 1, sched_idle(t->sched) || backlog ? STAGE_BEAT_MS
-                                                         : 0);
+        if (pending > 0) p[0].events |= POLLOUT;
+        rc = poll(p, t->wq_up ? 2 : 1,
+                  sched_idle(t->sched) || backlog ? STAGE_BEAT_MS : 0);
         if (rc < 0 && errno != EINTR) {
             return err_set(err, "poll: %s", strerror(errno));
         }
         beat(t);
-        if (rc > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
+        if (rc > 0 && t->wq_up && (p[1].revents & POLLIN)) prep_done(t);
+        if (rc > 0 && (p[0].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
             rc = read_frames(t, err);
             if (rc != 0) return rc > 0 ? 0 : -1;
         }
@@ -638,6 +812,11 @@ int thinker_main(const ServeConfig *cfg, int ipc_fd, int stats_fd, Err *err)
     }
     rc = thinker_start(&t, stats_fd, err);
     if (rc == 0) rc = serve(&t, err);
+    if (t.wq_up) {                      // what it prepared goes first
+        workq_stop(&t.wq);
+        prep_done(&t);
+        workq_free(&t.wq);
+    }
     if (t.sched != NULL) {
         sched_abort_all(t.sched, "the engine's thinker stage is stopping");
         frame_flush(&t.wr, t.fd);
