@@ -342,14 +342,15 @@ static void prep_job_free(PrepJob *j) {
 /* A large SUBMIT goes to the helper thread with a copy of its JSON (the
  * frame reader's buffer takes the next frame at once). Returns false when
  * it could not be sent there: the caller prepares it inline. Past
- * max_queue jobs out, it is refused as the scheduler's full queue is. */
+ * max_queue + 1 jobs out, it is refused as by the scheduler's full queue
+ * (a job holds a copy of its request). */
 static bool prep_offload(Thinker *t, uint64_t id, const char *json,
                          size_t len)
 {
     PrepJob *j;
 
     if (!t->wq_up || len <= PREP_INLINE_MAX) return false;
-    if (t->n_jobs >= t->cfg->max_queue) {
+    if (t->n_jobs > t->cfg->max_queue) {
         char msg[96];
 
         snprintf(msg, sizeof(msg), "the server is overloaded: %d requests "
