@@ -194,8 +194,8 @@ typedef struct {
     bool         silent;        // READY, but no heartbeat for
                                 //   cfg->stage_unready_s
     bool         hang_killed;   // we killed this process for its silence
-    double       watch_at;      // next heartbeat check, INFINITY: none
     char         kill_why[96];  //   and why, for its requests' errors
+    double       watch_at;      // next heartbeat check, INFINITY: none
     long long    created;       // unix time the frontend started
 
     /* connections */
@@ -411,23 +411,13 @@ static void conn_accept(Frontend *fe, int fd) {
 }
 
 
-/* ---- Control replies ---------------------------------------------------- */
-
 /* ---- Stage liveness -------------------------------------------------------
- * Silence is the time since the stage's last heartbeat, or since its READY
- * when it has not beaten since (the page is reset when a process starts). */
+ * Silence counts from the stage's last heartbeat, or from its READY when
+ * it has not beaten since (sup_silence). */
 
 static double stage_silence(const Frontend *fe, double now, double *in_step)
 {
-    const OmniStats *st = fe->sp.stats;
-    int64_t          hb = atomic_load_explicit(&st->heartbeat_us,
-                                               memory_order_relaxed);
-    int64_t          ss = atomic_load_explicit(&st->step_start_us,
-                                               memory_order_relaxed);
-    double           last = hb / 1e6 > fe->ready_at ? hb / 1e6 : fe->ready_at;
-
-    if (in_step != NULL) *in_step = ss > 0 ? now - ss / 1e6 : -1;
-    return now > last ? now - last : 0;
+    return sup_silence(&fe->sp, fe->ready_at, now, in_step);
 }
 
 /* Whether the stage takes requests now: READY and not silent. Computed
@@ -459,6 +449,9 @@ static void silence_reason(const Frontend *fe, char *why, size_t cap) {
     snprintf(why, cap, "the thinker stage (pid %d) has been silent for "
              "%.1f s%s%s", (int) fe->sp.pid, silence, step, kill);
 }
+
+
+/* ---- Control replies ---------------------------------------------------- */
 
 /* 200 "ready", or 503 and why not, in the words health and refused
  * requests both use. */

@@ -226,3 +226,17 @@ int sup_backoff(StageProc *sp, double ready_s) {
                                                     : SUP_BACKOFF_MAX_MS;
     return delay;
 }
+
+double sup_silence(const StageProc *sp, double since, double now,
+                   double *in_step)
+{
+    const OmniStats *st = sp->stats;
+    int64_t          hb = atomic_load_explicit(&st->heartbeat_us,
+                                               memory_order_relaxed);
+    int64_t          ss = atomic_load_explicit(&st->step_start_us,
+                                               memory_order_relaxed);
+    double           last = hb / 1e6 > since ? hb / 1e6 : since;
+
+    if (in_step != NULL) *in_step = ss > 0 ? now - ss / 1e6 : -1;
+    return now > last ? now - last : 0;
+}
