@@ -11,11 +11,14 @@
  *
  * Then one loop, single-threaded:
  *
- *   poll      ipc_fd for SUBMIT/CANCEL (and POLLOUT while output waits);
+ *   poll      ipc_fd for SUBMIT/CANCEL (and POLLOUT while output waits),
+ *             and the helper thread's eventfd;
  *             timeout 0 while the scheduler has work, STAGE_BEAT_MS when
  *             idle (so the heartbeat goes on)
  *   read      every whole frame available: SUBMIT is parsed, checked,
- *             rendered and tokenized, then queued; CANCEL frees at once
+ *             rendered and tokenized, then queued (over PREP_INLINE_MAX
+ *             bytes, on the helper thread, queued when it comes back);
+ *             CANCEL frees at once
  *   step      one scheduler step, its events queued as frames
  *   flush     as much output as the socket takes
  *
