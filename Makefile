@@ -119,8 +119,13 @@ $(BUILD)/asan/t/%: t/unit/%.c $(BUILD)/asan/libomni.a
 	$(CC) $(CFLAGS) $(ASAN_FLAGS) -It/unit -MMD -MP -o $@ $< \
 	    $(BUILD)/asan/libomni.a -lcmocka $(LDLIBS)
 
-# The thread pool's lock-free protocol also runs under ThreadSanitizer.
-TSAN_BINS := $(BUILD)/tsan/t/test_threadpool
+# The thread pool's lock-free protocol and the helper thread's queue also
+# run under ThreadSanitizer.
+TSAN_BINS := $(BUILD)/tsan/t/test_threadpool $(BUILD)/tsan/t/test_workq
+
+$(BUILD)/tsan/t/test_workq: t/unit/test_workq.c engine/workq.c engine/log.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -O1 -fsanitize=thread -o $@ $^ -lcmocka -pthread
 
 $(BUILD)/tsan/t/test_threadpool: t/unit/test_threadpool.c \
                                  kernels/cpu/threadpool.c

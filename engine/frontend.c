@@ -32,6 +32,18 @@
  * A stage that closes its channel but lives on is killed after
  * GONE_KILL_S.
  *
+ * A READY stage is watched through its heartbeat (stage.h): silent for
+ * cfg->stage_unready_s it is not ready (health 503 saying for how long,
+ * new requests refused, the requests it holds wait), and it is ready again
+ * as soon as it beats; silent for cfg->stage_kill_s it is killed (SIGKILL)
+ * and handled as any stage that died: its requests get 503 stage_failed
+ * and it is restarted. The check costs no wakeup while the stage beats:
+ * the next deadline is the last beat plus the threshold.
+ *
+ * A request whose prompt cannot fit the context by the stage's prompt
+ * bound (stage.h; READY announces it) is refused here, after the parse,
+ * so the stage never spends a tokenization on it.
+ *
  * Shutdown (SIGTERM/SIGINT): RUN -> DRAIN (the socket file is removed if
  * it is still ours, so nothing new can connect; connections already queued
  * in the listen backlog are accepted and served, and requests in flight
@@ -75,6 +87,7 @@
 #include "serve.h"
 #include "stage.h"
 #include "supervisor.h"
+#include "workq.h"
 
 #define CONN_MAX_PENDING  (8u << 20)    // queued output per client
 #define ID_BUCKETS        4096          // request id table (power of 2)
@@ -84,12 +97,15 @@
 #define LISTEN_PAUSE_S    0.1           // after EMFILE and friends
 #define FAILS_TO_REPORT   3             // failed starts before health
                                         //   blames the stage
+#define PARSE_INLINE_MAX  (16u << 10)   // larger REQUESTs: parse thread
+#define PARSE_NICE        10            // its nice value, above ours
 
 typedef enum {
     SRC_LISTEN,
     SRC_SIGNAL,
     SRC_STAGE,
     SRC_STAGE_ERR,
+    SRC_PARSED,
     SRC_CONN,
 } SrcKind;
 
@@ -101,9 +117,32 @@ typedef struct {
 
 typedef enum {
     CONN_READ,                  // waiting for the one frame
+    CONN_PARSING,               // its REQUEST is on the parse thread
     CONN_ACTIVE,                // request at the stage
     CONN_CLOSING,               // last frame queued; close when flushed
 } ConnState;
+
+/* A REQUEST's parse (parse_request), wherever it ran. */
+typedef struct {
+    int          rc;            // request_parse's
+    ReqError     e;             // when rc != 0
+    OmniRequest  req;           // when rc == 0; freed by request_checked
+    uint64_t     bytes;         // what the prompt bound counts of the text
+} Parsed;
+
+struct Conn;
+
+/* One parse on the parse thread. json is the connection's reader payload,
+ * which stays put while the job is out (conn_close leaves the reader to
+ * on_parsed). */
+typedef struct {
+    WorkJob      w;             // first: the queue's view of the job
+    struct Conn *c;             // borrowed
+    const char  *json;          // (len,) view into c->rd.payload
+    size_t       len;
+    PromptBound  bound;         // a copy: the thread reads no Frontend
+    Parsed       out;
+} ParseJob;
 
 typedef struct Conn {
     Source       src;           // SRC_CONN
@@ -121,6 +160,7 @@ typedef struct Conn {
     struct Conn *rprev, *rnext; // in READ, oldest first: one timeout for
                                 //   all, so the head's deadline is next
     struct Conn *hnext;         // chain in the id table
+    ParseJob    *job;           // its parse, while out (owned)
 } Conn;
 
 typedef enum {
@@ -152,7 +192,9 @@ typedef struct {
     int          sfd;           // signalfd, owned
     int          lock_fd;       // cfg->lock_file (lock_next while a
                                 //   candidate), locked; -1: none
-    Source       s_listen, s_signal, s_stage, s_stage_err;
+    Source       s_listen, s_signal, s_stage, s_stage_err, s_parsed;
+    WorkQ        pq;            // the parse thread (large requests)
+    bool         pq_up;         // it started
     bool         listen_paused;
     double       listen_resume;
 
@@ -169,6 +211,12 @@ typedef struct {
     char         model_id[256]; // served name (READY's id wins)
     char         kernels[16];   // the stage's kernel set (READY's)
     int64_t      max_model_len;
+    PromptBound  bound;         // READY's; max_piece 0 until then
+    bool         silent;        // READY, but no heartbeat for
+                                //   cfg->stage_unready_s
+    bool         hang_killed;   // we killed this process for its silence
+    char         kill_why[96];  //   and why, for its requests' errors
+    double       watch_at;      // next heartbeat check, INFINITY: none
     long long    created;       // unix time the frontend started
 
     /* connections */
@@ -261,6 +309,13 @@ static void read_leave(Frontend *fe, Conn *c) {
     c->rprev = c->rnext = NULL;
 }
 
+/* Frees a closed connection's reader and parks it for free_dead. */
+static void conn_release(Frontend *fe, Conn *c) {
+    frame_reader_free(&c->rd);
+    c->next = fe->dead;
+    fe->dead = c;
+}
+
 static void conn_close(Frontend *fe, Conn *c) {
     if (c->fd < 0) return;
     read_leave(fe, c);
@@ -275,10 +330,9 @@ static void conn_close(Frontend *fe, Conn *c) {
     else fe->conns = c->next;
     if (c->next != NULL) c->next->prev = c->prev;
     fe->n_conns--;
-    frame_reader_free(&c->rd);
     frame_writer_free(&c->wr);
-    c->next = fe->dead;
-    fe->dead = c;
+    if (c->job != NULL) return;         // on_parsed releases it
+    conn_release(fe, c);
 }
 
 /* The client went away (EOF, reset, write error): a request in flight is
@@ -378,6 +432,46 @@ static void conn_accept(Frontend *fe, int fd) {
 }
 
 
+/* ---- Stage liveness -------------------------------------------------------
+ * Silence counts from the stage's last heartbeat, or from its READY when
+ * it has not beaten since (sup_silence). */
+
+static double stage_silence(const Frontend *fe, double now, double *in_step)
+{
+    return sup_silence(&fe->sp, fe->ready_at, now, in_step);
+}
+
+/* Whether the stage takes requests now: READY and not silent. Computed
+ * from the page at the moment of asking, whatever the timers saw. */
+static bool stage_live(const Frontend *fe) {
+    return fe->st == STAGE_READY && !fe->hang_killed
+           && stage_silence(fe, clock_now_s(), NULL)
+              < fe->cfg->stage_unready_s;
+}
+
+/* What health says of a silent stage. */
+static void silence_reason(const Frontend *fe, char *why, size_t cap) {
+    double in_step, silence = stage_silence(fe, clock_now_s(), &in_step);
+    char   step[64] = "", kill[96];
+
+    if (in_step >= 0) {
+        snprintf(step, sizeof(step), " (one step has run for %.1f s)",
+                 in_step);
+    }
+    if (fe->hang_killed) {
+        snprintf(kill, sizeof(kill), "; killed, restarting");
+    } else if (fe->cfg->stage_kill_s > 0) {
+        snprintf(kill, sizeof(kill), "; it is killed and restarted at %g s",
+                 fe->cfg->stage_kill_s);
+    } else {
+        snprintf(kill, sizeof(kill), "; it is not killed "
+                 "(--stage-kill-after 0)");
+    }
+    snprintf(why, cap, "the thinker stage (pid %d) has been silent for "
+             "%.1f s%s%s", (int) fe->sp.pid, silence, step, kill);
+}
+
+
 /* ---- Control replies ---------------------------------------------------- */
 
 /* 200 "ready", or 503 and why not, in the words health and refused
@@ -389,9 +483,13 @@ static int health(const Frontend *fe, char *why, size_t cap) {
         snprintf(why, cap, "the engine is shutting down");
         return 503;
     }
-    if (fe->st == STAGE_READY) {
+    if (stage_live(fe)) {
         snprintf(why, cap, "ready");
         return 200;
+    }
+    if (fe->st == STAGE_READY) {
+        silence_reason(fe, why, cap);
+        return 503;
     }
     if (sp->fails >= FAILS_TO_REPORT) {
         snprintf(why, cap, "the thinker stage failed %d times before it was "
@@ -462,7 +560,9 @@ static void reply_metrics(Frontend *fe, Conn *c) {
 
     g.model = fe->model_id;
     g.kernels = fe->kernels;
-    g.stage_ready = fe->st == STAGE_READY;
+    g.stage_ready = stage_live(fe);
+    g.heartbeat_age = fe->st == STAGE_READY
+                      ? stage_silence(fe, clock_now_s(), NULL) : 0;
     g.connections = fe->n_conns;
     g.rss_frontend = metrics_rss(0);
     g.rss_thinker = fe->sp.pid > 0 ? metrics_rss(fe->sp.pid) : -1;
@@ -482,51 +582,153 @@ static void reply_metrics(Frontend *fe, Conn *c) {
 
 /* ---- Requests ----------------------------------------------------------- */
 
-/* Validates the REQUEST (so a client mistake is answered here, without a
- * round trip to the stage) and hands it to the stage. The stage parses it
- * again; parsing is microseconds next to one forward pass, and keeping
- * the frontend free of model state is worth that. */
-static void request_start(Frontend *fe, Conn *c) {
+/* What the frontend needs from a REQUEST, computed on the loop's thread or
+ * on the parse thread: the parse, and the bytes the prompt bound counts
+ * in the prompt, or in every message's content trimmed as some templates
+ * trim it (the template's own text is not counted, so this stays below
+ * the thinker's bound on the rendered text). */
+static void parse_request(const char *json, size_t len, const PromptBound *b,
+                          Parsed *p)
+{
+    const OmniRequest *r = &p->req;
+
+    p->bytes = 0;
+    p->rc = request_parse(&p->req, json, len, &p->e);
+    if (p->rc != 0 || b->max_piece == 0) return;
+    if (!r->chat) p->bytes = prompt_bound_bytes(b, r->prompt, r->prompt_len);
+    for (int i = 0; r->chat && i < r->n_msgs; i++) {
+        const char *s = r->msgs[i].content;
+        size_t      n = strlen(s);
+
+        while (n > 0 && prompt_bound_space(*s)) s++, n--;
+        while (n > 0 && prompt_bound_space(s[n - 1])) n--;
+        p->bytes += prompt_bound_bytes(b, s, n);
+    }
+}
+
+static void parse_job_run(WorkJob *w) {
+    ParseJob *j = (ParseJob *) w;
+
+    parse_request(j->json, j->len, &j->bound, &j->out);
+}
+
+/* Refuses c with 400 context_length_exceeded, as the stage would have,
+ * when the prompt bound says the prompt cannot fit. */
+static bool prompt_too_long(Frontend *fe, Conn *c, const Parsed *p) {
+    int64_t least = prompt_bound_tokens(&fe->bound, p->bytes);
+    char    msg[160];
+
+    if (fe->bound.max_piece == 0 || least < fe->max_model_len) return false;
+    snprintf(msg, sizeof(msg), PROMPT_TOO_LONG_FMT, fe->max_model_len,
+             "at least ", least);
+    conn_error(fe, c, 400, p->req.chat ? "messages" : "prompt",
+               "context_length_exceeded", msg);
+    return true;
+}
+
+/* The checks after the parse, then the stage gets the request. Frees what
+ * p holds. */
+static void request_checked(Frontend *fe, Conn *c, Parsed *p) {
     const char *json = (const char *) c->rd.payload;
     size_t      len = c->rd.hdr.len;
-    OmniRequest req;
-    ReqError    e;
     char        why[1024];
 
-    c->t_arrive = clock_now_s();
+    if (p->rc != 0) {
+        conn_error(fe, c, p->e.status, p->e.param[0] ? p->e.param : NULL,
+                   NULL, p->e.err.msg);
+        return;
+    }
+    if (p->req.model != NULL && strcmp(p->req.model, fe->model_id) != 0) {
+        snprintf(why, sizeof(why), "The model `%.200s` does not exist or "
+                 "you do not have access to it.", p->req.model);
+        request_free(&p->req);
+        conn_error(fe, c, 404, "model", "model_not_found", why);
+        return;
+    }
+    if (prompt_too_long(fe, c, p)) {
+        request_free(&p->req);
+        return;
+    }
+    request_free(&p->req);
     /* while draining, what reaches us was queued before the socket file
        went (or passed to our replacement): it is served like the rest */
-    if (fe->phase == PHASE_FINISH) {
+    if (fe->phase == PHASE_FINISH) {    // the parse thread took a while
         conn_error(fe, c, 503, NULL, "engine_shutdown",
                    "the engine is shutting down");
         return;
     }
-    if (request_parse(&req, json, len, &e) != 0) {
-        conn_error(fe, c, e.status, e.param[0] ? e.param : NULL, NULL,
-                   e.err.msg);
-        return;
-    }
-    if (req.model != NULL && strcmp(req.model, fe->model_id) != 0) {
-        snprintf(why, sizeof(why), "The model `%.200s` does not exist or "
-                 "you do not have access to it.", req.model);
-        request_free(&req);
-        conn_error(fe, c, 404, "model", "model_not_found", why);
-        return;
-    }
-    request_free(&req);
-    if (fe->st != STAGE_READY) {
+    if (!stage_live(fe)) {
         health(fe, why, sizeof(why));
         conn_error(fe, c, 503, NULL, "engine_not_ready", why);
         return;
     }
     c->id = fe->next_id++;
-    read_leave(fe, c);
     c->state = CONN_ACTIVE;
     c->hnext = *id_slot(fe, c->id);
     *id_slot(fe, c->id) = c;
     fe->n_active++;
     c->t_submit = clock_now_s();
     stage_send(fe, OMNI_F_STAGE_SUBMIT, c->id, json, len);
+}
+
+/* Validates the REQUEST (so a client mistake is answered here, without a
+ * round trip to the stage) and hands it to the stage. The stage parses it
+ * again; parsing is microseconds next to one forward pass for the usual
+ * request, and keeping the frontend free of model state is worth that.
+ * A request over PARSE_INLINE_MAX bytes is parsed on the parse thread
+ * (workq.h) instead: a megabyte of JSON takes milliseconds, during which
+ * no stream would get its tokens. The connection waits in CONN_PARSING;
+ * on_parsed takes it from there. */
+static void request_start(Frontend *fe, Conn *c) {
+    size_t    len = c->rd.hdr.len;
+    ParseJob *j;
+    Parsed    p;
+
+    c->t_arrive = clock_now_s();
+    read_leave(fe, c);
+    if (fe->phase == PHASE_FINISH) {
+        conn_error(fe, c, 503, NULL, "engine_shutdown",
+                   "the engine is shutting down");
+        return;
+    }
+    if (len > PARSE_INLINE_MAX && fe->pq_up
+        && (j = calloc(1, sizeof(*j))) != NULL)
+    {
+        j->w.run = parse_job_run;
+        j->c = c;
+        j->json = (const char *) c->rd.payload;
+        j->len = len;
+        j->bound = fe->bound;
+        c->job = j;
+        c->state = CONN_PARSING;
+        ep_set(fe, c->fd, &c->events, EPOLLIN, c);
+        workq_push(&fe->pq, &j->w);
+        return;
+    }
+    parse_request((const char *) c->rd.payload, len, &fe->bound, &p);
+    request_checked(fe, c, &p);
+}
+
+/* Parses are done: each connection still waiting goes on; one closed
+ * meanwhile is freed now (its reader held the JSON the parse read); one
+ * answered meanwhile (shutdown, a protocol error) is left as it is. */
+static void on_parsed(Frontend *fe) {
+    WorkJob *w = workq_done(&fe->pq), *next;
+
+    for (; w != NULL; w = next) {
+        ParseJob *j = (ParseJob *) w;
+        Conn     *c = j->c;
+
+        next = w->next;
+        c->job = NULL;
+        if (c->fd >= 0 && c->state == CONN_PARSING && w->ran) {
+            request_checked(fe, c, &j->out);
+        } else {
+            if (w->ran && j->out.rc == 0) request_free(&j->out.req);
+            if (c->fd < 0) conn_release(fe, c);
+        }
+        free(j);
+    }
 }
 
 static void conn_frame(Frontend *fe, Conn *c) {
@@ -700,6 +902,9 @@ static void on_ready(Frontend *fe, const uint8_t *p, size_t len) {
     const char *idp[] = { "id", NULL };
     const char *np[] = { "max_model_len", NULL };
     const char *kp[] = { "kernels", NULL };
+    const char *mp[] = { "max_piece_bytes", NULL };
+    const char *wp[] = { "ws_free", NULL };
+    yajl_val   mpv, wsv;
 
     if (s == NULL) return;
     memcpy(s, p, len);
@@ -719,14 +924,29 @@ static void on_ready(Frontend *fe, const uint8_t *p, size_t len) {
     if (n != NULL && YAJL_IS_INTEGER(n)) {
         fe->max_model_len = YAJL_GET_INTEGER(n);
     }
+    /* no bound (max_piece 0) unless READY states one in full */
+    mpv = yajl_tree_get(v, mp, yajl_t_number);
+    wsv = yajl_tree_get(v, wp, yajl_t_any);
+    fe->bound.max_piece = 0;
+    if (mpv != NULL && YAJL_IS_INTEGER(mpv) && YAJL_GET_INTEGER(mpv) >= 0
+        && YAJL_GET_INTEGER(mpv) <= UINT32_MAX
+        && (YAJL_IS_TRUE(wsv) || YAJL_IS_FALSE(wsv)))
+    {
+        fe->bound.max_piece = (uint32_t) YAJL_GET_INTEGER(mpv);
+        fe->bound.ws_free = YAJL_IS_TRUE(wsv);
+    }
     yajl_tree_free(v);
     fe->st = STAGE_READY;
     fe->was_ready = true;
     fe->ready_at = clock_now_s();
     fe->sp.fails = 0;
+    fe->silent = false;
+    fe->watch_at = fe->ready_at + fe->cfg->stage_unready_s;
     log_msg(LOG_INFO, "thinker stage (pid %d) ready: model %s, context %"
-            PRId64 ", kernels %s", (int) fe->sp.pid, fe->model_id,
-            fe->max_model_len, fe->kernels);
+            PRId64 ", kernels %s, prompt bound %" PRIu32 " bytes a token%s",
+            (int) fe->sp.pid, fe->model_id, fe->max_model_len, fe->kernels,
+            fe->bound.max_piece, fe->bound.ws_free ? " (whitespace free)"
+                                                   : "");
     if (fe->candidate && fe->phase == PHASE_RUN) takeover(fe);
 }
 
@@ -821,6 +1041,8 @@ static void stage_start(Frontend *fe) {
     }
     fe->st = STAGE_LOADING;
     fe->was_ready = false;
+    fe->silent = false;
+    fe->hang_killed = false;
     fe->gone_kill_at = INFINITY;
     fe->sevents = 0;
     ep_set(fe, fe->sp.fd, &fe->sevents, EPOLLIN, &fe->s_stage);
@@ -836,7 +1058,7 @@ static void stage_start(Frontend *fe) {
  * shutting down, schedule the next start. Frames it wrote before dying
  * are handled first (a DONE may be among them). */
 static void stage_died(Frontend *fe) {
-    char    msg[160];
+    char    msg[224];
     int64_t failed = 0;
     double  t = clock_now_s();
     int     delay;
@@ -844,8 +1066,9 @@ static void stage_died(Frontend *fe) {
     stage_read(fe);
     stage_channel_closed(fe);
     sup_read_stderr(&fe->sp);
-    snprintf(msg, sizeof(msg), "the thinker stage exited (%s); retry",
-             fe->sp.exit_desc);
+    snprintf(msg, sizeof(msg), "the thinker stage exited (%s%s%s); retry",
+             fe->sp.exit_desc, fe->hang_killed ? ": " : "",
+             fe->hang_killed ? fe->kill_why : "");
     for (Conn *c = fe->conns, *next; c != NULL; c = next) {
         next = c->next;
         if (c->state == CONN_ACTIVE) {
@@ -866,6 +1089,46 @@ static void stage_died(Frontend *fe) {
             "failed; restarting in %d ms", fe->sp.exit_desc,
             fe->was_ready ? "" : " before it was ready: ",
             fe->was_ready ? "" : fe->sp.last_line, failed, delay);
+}
+
+/* The heartbeat check behind the timers: logs the stage going silent and
+ * coming back, and kills it once silent for cfg->stage_kill_s (0: never).
+ * Returns the time of the next check: the silence deadline while the
+ * stage beats, a short poll while it is silent (to see it come back). */
+static double stage_watch(Frontend *fe, double now) {
+    const ServeConfig *cfg = fe->cfg;
+    double             in_step, silence;
+    char               why[96];
+
+    if (fe->st != STAGE_READY || fe->hang_killed) return INFINITY;
+    silence = stage_silence(fe, now, &in_step);
+    if (silence < cfg->stage_unready_s) {
+        if (fe->silent) {
+            log_msg(LOG_INFO, "thinker stage (pid %d) is beating again; "
+                    "ready", (int) fe->sp.pid);
+        }
+        fe->silent = false;
+        return now + cfg->stage_unready_s - silence;
+    }
+    if (!fe->silent) {
+        log_msg(LOG_WARN, "thinker stage (pid %d) silent for %.1f s%s; not "
+                "ready", (int) fe->sp.pid, silence,
+                in_step >= 0 ? " in one step" : "");
+        fe->silent = true;
+    }
+    if (cfg->stage_kill_s > 0 && silence >= cfg->stage_kill_s) {
+        snprintf(fe->kill_why, sizeof(fe->kill_why), "killed after %.1f s "
+                 "without a heartbeat%s", silence,
+                 in_step >= 0 ? ", in one step" : "");
+        fe->hang_killed = true;
+        atomic_fetch_add_explicit(&fe->sp.stats->stage_hang_kills, 1,
+                                  memory_order_relaxed);
+        snprintf(why, sizeof(why), "has been silent for %.1f s%s", silence,
+                 in_step >= 0 ? " in one step" : "");
+        stage_kill(fe, why);
+        return INFINITY;
+    }
+    return now + STAGE_BEAT_MS / 1e3;
 }
 
 /* At EOF sup_read_stderr closes err_fd, which also takes it out of the
@@ -1059,6 +1322,15 @@ static void listen_backlog(Frontend *fe) {
 
 /* ---- Shutdown and signals ----------------------------------------------- */
 
+/* A request still on the parse thread is in flight too: a drain waits for
+ * it as for a submitted one. */
+static bool any_parsing(const Frontend *fe) {
+    for (const Conn *c = fe->conns; c != NULL; c = c->next) {
+        if (c->fd >= 0 && c->state == CONN_PARSING) return true;
+    }
+    return false;
+}
+
 /* Ends what is still running; connections that never sent their frame
  * are closed, so an idle client cannot hold up the exit. */
 static void finish_begin(Frontend *fe) {
@@ -1067,7 +1339,7 @@ static void finish_begin(Frontend *fe) {
     listen_close(fe);
     for (Conn *c = fe->conns, *next; c != NULL; c = next) {
         next = c->next;
-        if (c->state == CONN_ACTIVE) {
+        if (c->state == CONN_ACTIVE || c->state == CONN_PARSING) {
             conn_error(fe, c, 503, NULL, "engine_shutdown",
                        "the engine is shutting down");
         } else if (c->state == CONN_READ) {
@@ -1144,6 +1416,7 @@ static int next_timeout(const Frontend *fe) {
     if (fe->rhead != NULL) {
         next = fmin(next, fe->rhead->t_accept + fe->cfg->read_timeout_s);
     }
+    next = fmin(next, fe->watch_at);
     if (isinf(next)) return -1;
     return next <= t ? 0 : (int) ceil((next - t) * 1e3);
 }
@@ -1154,6 +1427,9 @@ static void run_timers(Frontend *fe) {
     if (fe->phase == PHASE_RUN && fe->st == STAGE_DOWN && t >= fe->restart_at)
     {
         stage_start(fe);
+    }
+    if (t >= fe->watch_at || fe->st != STAGE_READY) {
+        fe->watch_at = stage_watch(fe, t);
     }
     if (fe->st == STAGE_GONE && t >= fe->gone_kill_at) {
         stage_kill(fe, "closed its channel but did not exit");
@@ -1172,7 +1448,9 @@ static void run_timers(Frontend *fe) {
     }
     if (fe->phase == PHASE_DRAIN) {
         listen_backlog(fe);
-        if (fe->n_active == 0 || t >= fe->drain_until) finish_begin(fe);
+        if ((fe->n_active == 0 && !any_parsing(fe)) || t >= fe->drain_until) {
+            finish_begin(fe);
+        }
     }
     if (fe->phase == PHASE_FINISH && fe->sp.pid > 0 && t >= fe->stop_kill_at)
     {
@@ -1206,6 +1484,9 @@ static void dispatch(Frontend *fe, struct epoll_event *ev) {
     case SRC_STAGE_ERR:
         on_stage_err(fe);
         break;
+    case SRC_PARSED:
+        on_parsed(fe);
+        break;
     case SRC_CONN:
         if (((Conn *) s)->fd >= 0) on_conn(fe, (Conn *) s, ev->events);
         break;
@@ -1236,6 +1517,20 @@ static void loop(Frontend *fe) {
         run_timers(fe);
         free_dead(fe);
     }
+}
+
+
+/* ---- The parse thread ---------------------------------------------------
+ * Started after the signal mask is set, which it inherits: signals stay
+ * with signalfd. */
+
+static int parse_open(Frontend *fe, Err *err) {
+    uint32_t ev = 0;
+
+    if (workq_init(&fe->pq, PARSE_NICE, err) != 0) return -1;
+    fe->pq_up = true;
+    ep_set(fe, fe->pq.efd, &ev, EPOLLIN, &fe->s_parsed);
+    return 0;
 }
 
 
@@ -1373,8 +1668,10 @@ static void frontend_init(Frontend *fe, const ServeConfig *cfg) {
     fe->s_signal.kind = SRC_SIGNAL;
     fe->s_stage.kind = SRC_STAGE;
     fe->s_stage_err.kind = SRC_STAGE_ERR;
+    fe->s_parsed.kind = SRC_PARSED;
     fe->st = STAGE_DOWN;
     fe->gone_kill_at = INFINITY;
+    fe->watch_at = INFINITY;
     fe->next_id = 1;
     fe->created = (long long) time(NULL);
     fe->max_model_len = cfg->ctx;
@@ -1388,6 +1685,12 @@ static void frontend_init(Frontend *fe, const ServeConfig *cfg) {
 /* After the loop: the stage has been reaped unless the loop broke out on
  * an error, in which case it is killed and waited for here. */
 static void frontend_free(Frontend *fe) {
+    if (fe->pq_up) {
+        workq_stop(&fe->pq);
+        while (fe->conns != NULL) conn_close(fe, fe->conns);
+        on_parsed(fe);
+        workq_free(&fe->pq);
+    }
     while (fe->conns != NULL) conn_close(fe, fe->conns);
     free_dead(fe);
     listen_close(fe);
@@ -1417,8 +1720,8 @@ int frontend_run(const ServeConfig *cfg, int argc, char **argv, Err *err) {
     fe->ep = epoll_create1(EPOLL_CLOEXEC);
     if (fe->ep < 0) {
         err_set(err, "epoll_create1: %s", strerror(errno));
-    } else if (signals_open(fe, err) == 0 && lock_take(fe, err) == 0
-               && listen_open(fe, err) == 0)
+    } else if (signals_open(fe, err) == 0 && parse_open(fe, err) == 0
+               && lock_take(fe, err) == 0 && listen_open(fe, err) == 0)
     {
         log_msg(LOG_INFO, "serving %s on %s", fe->model_id,
                 fe->laddr.sun_path);

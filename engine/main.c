@@ -582,7 +582,8 @@ static int cmd_make_model(int argc, char **argv) {
 static const char *const SERVE_VALS[] = {
     "model", "socket", "model-name", "threads", "isa", "ctx",
     "max-batch-tokens", "max-seqs", "max-queue", "block-size", "kv-cache-mb",
-    "drain-timeout", "read-timeout", "log-level", "lock-file", NULL
+    "drain-timeout", "read-timeout", "stage-unready-after",
+    "stage-kill-after", "log-level", "lock-file", NULL
 };
 static const char *const SERVE_FLAGS[] = {
     "mmap", "no-prefix-cache", "replace", NULL
@@ -640,6 +641,14 @@ static void read_serve(const Opts *o, ServeConfig *c, char *name, size_t cap)
     c->prefix_cache = !opt_flag(o, "no-prefix-cache");
     c->drain_s = (int) opt_int(o, "drain-timeout", 30, 0, 86400);
     c->read_timeout_s = (int) opt_int(o, "read-timeout", 10, 1, 86400);
+    c->stage_unready_s = opt_float(o, "stage-unready-after", 10, 0.25,
+                                   86400);
+    c->stage_kill_s = opt_float(o, "stage-kill-after", 60, 0, 86400);
+    if (c->stage_kill_s > 0 && c->stage_kill_s < c->stage_unready_s) {
+        die("option '--stage-kill-after' (%g) must be 0 or at least "
+            "'--stage-unready-after' (%g)", c->stage_kill_s,
+            c->stage_unready_s);
+    }
     c->lock_file = opt_str(o, "lock-file", NULL);   // the stage ignores it
     c->replace = opt_flag(o, "replace");
     if (c->replace && c->lock_file == NULL) {
@@ -782,6 +791,7 @@ static void usage(FILE *f) {
           "             [--max-queue 1024] [--block-size 16]\n"
           "             [--kv-cache-mb 1024] [--no-prefix-cache]\n"
           "             [--drain-timeout 30] [--read-timeout 10]\n"
+          "             [--stage-unready-after 10] [--stage-kill-after 60]\n"
           "             [--log-level info] [--lock-file PATH [--replace]]\n"
           "  stage      thinker --ipc-fd N --stats-fd N [serve options]\n"
           "             (started by serve, not by hand)\n"

@@ -239,6 +239,11 @@ static void render_stage(TextBuf *b, const OmniStats *stats) {
             LOAD(step_tokens));
     counter(b, "stage_restarts_total", "Times the thinker stage was "
             "restarted after it exited.", LOAD(stage_restarts));
+    counter(b, "stage_hang_kills_total", "Times the thinker stage was "
+            "killed for going without a heartbeat for --stage-kill-after.",
+            LOAD(stage_hang_kills));
+    gauge(b, "stage_longest_step_seconds", "The longest scheduler step of "
+          "the running thinker stage.", LOAD(step_max_us) / 1e6);
 }
 
 static void render_outcomes(TextBuf *b, const Metrics *m) {
@@ -280,7 +285,10 @@ void metrics_render(TextBuf *out, const Metrics *m, const OmniStats *stats,
     if (stats != NULL) render_stage(out, stats);
     render_outcomes(out, m);
     gauge(out, "stage_ready", "1 when the thinker stage is loaded and "
-          "serving.", g->stage_ready ? 1 : 0);
+          "serving, and its heartbeat is recent.", g->stage_ready ? 1 : 0);
+    gauge(out, "stage_heartbeat_age_seconds", "Time since the ready "
+          "thinker stage's last heartbeat (0 when it is not ready).",
+          g->heartbeat_age);
     gauge(out, "connections", "Open client connections.",
           (double) g->connections);
     head(out, "resident_memory_bytes", "gauge", "Resident memory by "

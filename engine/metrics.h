@@ -89,7 +89,9 @@ typedef struct {
     const char *model;              // served model id
     const char *kernels;            // the thinker's kernel set, "" until
                                     //   its first READY
-    bool    stage_ready;
+    bool    stage_ready;            // READY and beating
+    double  heartbeat_age;          // seconds since the stage's last
+                                    //   heartbeat; 0 when not READY
     int64_t connections;            // open client connections
     int64_t rss_frontend;           // bytes, -1 when unknown
     int64_t rss_thinker;            // bytes, -1 when unknown (no stage)

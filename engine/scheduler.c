@@ -374,9 +374,8 @@ static int check_prompt(Scheduler *s, uint64_t id, int64_t n,
         return -1;
     }
     if (n >= s->cfg.max_ctx) {
-        snprintf(msg, sizeof(msg), "this model's maximum context length is "
-                 "%" PRId64 " tokens, but the prompt has %" PRId64 " tokens",
-                 s->cfg.max_ctx, n);
+        snprintf(msg, sizeof(msg), PROMPT_TOO_LONG_FMT, s->cfg.max_ctx, "",
+                 n);
         emit_error(s, id, 400, "invalid_request_error", param,
                    "context_length_exceeded", msg);
         return -1;

@@ -39,6 +39,10 @@ typedef struct {
                                     //   requests in flight (default 30)
     int         read_timeout_s;     // a connection's one frame must be
                                     //   in within this (default 10)
+    double      stage_unready_s;    // a stage without a heartbeat this
+                                    //   long is not ready (default 10)
+    double      stage_kill_s;       // ... and is killed and restarted
+                                    //   at this (default 60; 0: never)
     const char *lock_file;          // NULL: none; else the frontend holds
                                     //   an fcntl write lock on it while it
                                     //   lives (one engine per lock file)

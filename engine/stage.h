@@ -14,21 +14,37 @@
  *     SUBMIT   u64 request id, then the request JSON (request.h)
  *     CANCEL   u64 request id: the client went away; free it, say nothing
  *   stage -> frontend
- *     READY    JSON {"id": model name, "max_model_len": n}: loaded, warmed
- *              up, accepting SUBMITs
+ *     READY    JSON {"id": model name, "max_model_len": n, "kernels": set,
+ *              "max_piece_bytes": n, "ws_free": bool}: loaded, warmed
+ *              up, accepting SUBMITs. The last two are the tokenizer's
+ *              PromptBound (below), so the frontend can refuse a prompt
+ *              that cannot fit without sending it here.
  *     STARTED  u64 request id: first scheduled (its queue time ends)
  *     EVENT    u64 request id, then a client frame (header included: TEXT,
  *              DONE or ERROR) to pass on as it is. DONE and ERROR end the
  *              request; events for an id the frontend no longer knows are
  *              dropped (a CANCEL crossed them).
  *
- * Request ids are the frontend's; a stage never reuses one. */
+ * Request ids are the frontend's; a stage never reuses one.
+ *
+ * Liveness: the stage writes the monotonic time into the stats page's
+ * heartbeat at every turn of its loop, which turns at least every
+ * STAGE_BEAT_MS when idle, and step_start while a scheduler step runs.
+ * The frontend reads them without asking: a stage silent for longer than
+ * --stage-unready-after is not ready, one silent for --stage-kill-after is
+ * killed and restarted. A channel ping would say the same but would queue
+ * behind a long step's output; the page needs no round trip and no
+ * cooperation from a stopped process. */
 
 #ifndef OMNI_STAGE_H
 #define OMNI_STAGE_H
 
+#include <inttypes.h>
 #include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "omni_proto.h"
 
@@ -39,6 +55,8 @@ enum {
     OMNI_F_STAGE_STARTED,
     OMNI_F_STAGE_EVENT,
 };
+
+#define STAGE_BEAT_MS   100         // longest idle wait between beats
 
 #define STAGE_IPC_FD    3
 #define STAGE_STATS_FD  4
@@ -62,6 +80,12 @@ typedef struct {
                                             //   cache (evictable)
     _Atomic int64_t   kv_blocks_free;
     _Atomic int64_t   stage_pid;
+    _Atomic int64_t   heartbeat_us;         // monotonic clock, us, at the
+                                            //   loop's last turn; 0: none
+                                            //   yet (loading)
+    _Atomic int64_t   step_start_us;        // the step running since; 0:
+                                            //   between steps
+    _Atomic int64_t   step_max_us;          // the longest step so far
     /* counters */
     _Atomic uint64_t  prefix_cache_queries; // prompt tokens looked up
     _Atomic uint64_t  prefix_cache_hits;    // of those, found cached
@@ -72,6 +96,63 @@ typedef struct {
     _Atomic uint64_t  steps;                // forward passes
     _Atomic uint64_t  step_tokens;          // tokens run in them
     _Atomic uint64_t  stage_restarts;       // written by the frontend
+    _Atomic uint64_t  stage_hang_kills;     // written by the frontend:
+                                            //   killed for silence
 } OmniStats;
+
+/* The monotonic clock in microseconds, the heartbeat's unit (the clock is
+ * system-wide, so both processes read the same one). */
+static inline int64_t stage_clock_us(void) {
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t) ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+
+/* ---- The prompt bound ---------------------------------------------------
+ * A prompt is refused when it leaves no room in the context. Knowing that
+ * exactly takes tokenizing it, which costs time in proportion to its bytes
+ * however small the context: a megabyte prompt to a 512-token model was
+ * tokenized in full (twice) before its refusal. But one token covers at
+ * most max_piece bytes of text (tokenizer_text_bound), so counted bytes /
+ * max_piece tokens, rounded up, is a lower bound that costs one pass over
+ * the text at most, and none when whitespace counts. The thinker checks
+ * it before tokenizing; the frontend, which has no tokenizer, checks it on
+ * the message contents as parsed (each trimmed, as some templates trim),
+ * before the request reaches the stage at all. */
+
+typedef struct {
+    uint32_t max_piece;     // bytes one token covers at most; 0: no bound
+    bool     ws_free;       // whitespace may cost no token: not counted
+} PromptBound;
+
+#define PROMPT_TOO_LONG_FMT "this model's maximum context length is %" \
+    PRId64 " tokens, but the prompt has %s%" PRId64 " tokens"
+
+static inline bool prompt_bound_space(char c) {     // C isspace, "C" locale
+    return c == ' ' || (c >= '\t' && c <= '\r');
+}
+
+/* The bytes of s[0..n) the bound counts: all, or with ws_free those that
+ * are not whitespace. O(1) or O(n); can't fail. */
+static inline uint64_t prompt_bound_bytes(const PromptBound *b, const char *s,
+                                          size_t n)
+{
+    uint64_t k = 0;
+
+    if (!b->ws_free) return n;
+    for (size_t i = 0; i < n; i++) k += !prompt_bound_space(s[i]);
+    return k;
+}
+
+/* The fewest tokens text with `bytes` counted bytes can take; 0 when there
+ * is no bound. */
+static inline int64_t prompt_bound_tokens(const PromptBound *b,
+                                          uint64_t bytes)
+{
+    if (b->max_piece == 0) return 0;
+    return (int64_t) ((bytes + b->max_piece - 1) / b->max_piece);
+}
 
 #endif

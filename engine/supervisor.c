@@ -144,6 +144,8 @@ static void reset_gauges(OmniStats *st) {
     atomic_store_explicit(&st->kv_blocks_free, 0, memory_order_relaxed);
     atomic_store_explicit(&st->kv_blocks_total, 0, memory_order_relaxed);
     atomic_store_explicit(&st->stage_pid, 0, memory_order_relaxed);
+    atomic_store_explicit(&st->heartbeat_us, 0, memory_order_relaxed);
+    atomic_store_explicit(&st->step_start_us, 0, memory_order_relaxed);
 }
 
 bool sup_reap(StageProc *sp) {
@@ -223,4 +225,18 @@ int sup_backoff(StageProc *sp, double ready_s) {
     sp->backoff_ms = delay * 2 < SUP_BACKOFF_MAX_MS ? delay * 2
                                                     : SUP_BACKOFF_MAX_MS;
     return delay;
+}
+
+double sup_silence(const StageProc *sp, double since, double now,
+                   double *in_step)
+{
+    const OmniStats *st = sp->stats;
+    int64_t          hb = atomic_load_explicit(&st->heartbeat_us,
+                                               memory_order_relaxed);
+    int64_t          ss = atomic_load_explicit(&st->step_start_us,
+                                               memory_order_relaxed);
+    double           last = hb / 1e6 > since ? hb / 1e6 : since;
+
+    if (in_step != NULL) *in_step = ss > 0 ? now - ss / 1e6 : -1;
+    return now > last ? now - last : 0;
 }

@@ -79,4 +79,12 @@ bool sup_read_stderr(StageProc *sp);
  * after a process stayed ready for SUP_STABLE_S. Can't fail. */
 int  sup_backoff(StageProc *sp, double ready_s);
 
+/* Seconds the stage has gone without a heartbeat at monotonic time now
+ * (stage.h), counting from `since` (its READY) when it has not beaten
+ * after that: a page reset at its start reads 0. *in_step (may be NULL)
+ * gets how long the step in progress has run, or -1 between steps. Reads
+ * the page only; can't fail. */
+double sup_silence(const StageProc *sp, double since, double now,
+                   double *in_step);
+
 #endif

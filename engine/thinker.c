@@ -11,12 +11,24 @@
  *
  * Then one loop, single-threaded:
  *
- *   poll      ipc_fd for SUBMIT/CANCEL (and POLLOUT while output waits);
- *             timeout 0 while the scheduler has work, forever when idle
+ *   poll      ipc_fd for SUBMIT/CANCEL (and POLLOUT while output waits),
+ *             and the helper thread's eventfd;
+ *             timeout 0 while the scheduler has work, STAGE_BEAT_MS when
+ *             idle (so the heartbeat goes on)
  *   read      every whole frame available: SUBMIT is parsed, checked,
- *             rendered and tokenized, then queued; CANCEL frees at once
+ *             rendered and tokenized, then queued (over PREP_INLINE_MAX
+ *             bytes, on the helper thread, queued when it comes back);
+ *             CANCEL frees at once
  *   step      one scheduler step, its events queued as frames
  *   flush     as much output as the socket takes
+ *
+ * Each turn, each frame and each step writes the heartbeat in the stats
+ * page (stage.h): the frontend's only evidence that this loop still runs.
+ *
+ * A prompt that cannot fit the context is refused before it costs a
+ * full tokenization: first by the text bound (stage.h's PromptBound, one
+ * pass at most over the text), else by tokenizing it only until it passes
+ * ctx tokens (tokenizer_encode_upto; the error then says "at least").
  *
  * Output is bounded: past WRITE_HIGH bytes unsent the loop stops stepping
  * and waits for the frontend to drain (it always does), so a stalled
@@ -33,6 +45,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,12 +62,44 @@
 #include "serve.h"
 #include "stage.h"
 #include "tokenizer.h"
+#include "workq.h"
 
 #define WRITE_HIGH      (8u << 20)  // unsent output that pauses stepping
+#define PREP_INLINE_MAX (16u << 10) // larger SUBMITs: the helper thread
+#define PREP_NICE       5           // its nice value, above the loop's
 #define DEFAULT_KV_MB   1024.0
 #define DEFAULT_CTX_MAX 4096
 
+/* One SUBMIT being prepared: parsed, checked, rendered, tokenized. */
 typedef struct {
+    uint64_t     id;
+    const char  *json;              // (len,) borrowed
+    size_t       len;
+    OmniRequest  req;               // owned when parsed
+    bool         parsed;
+    int32_t     *toks;              // (ctx + 1,) the prompt's tokens
+    char        *chat;              // (chat_cap,) rendered chat, grows
+    size_t       chat_cap;
+    int64_t      n;                 // tokens, when status is 0
+    int          status;            // 0: ready; else the ERROR's status
+    char         param[64];         // the ERROR's param, "" for none
+    const char  *code;              // the ERROR's code (static) or NULL
+    char         msg[400];          // the ERROR's message
+} Prep;
+
+struct Thinker;
+
+/* A Prep on the helper thread, owning its JSON copy and scratch. */
+typedef struct PrepJob {
+    WorkJob                w;       // first: the queue's view of the job
+    const struct Thinker  *t;       // read-only from the thread
+    char                  *json;    // owned copy
+    Prep                   p;       // toks and chat owned
+    bool                   cancelled;
+    struct PrepJob        *next;    // jobs out, newest first
+} PrepJob;
+
+typedef struct Thinker {
     const ServeConfig *cfg;         // borrowed
     int                fd;          // ipc_fd, non-blocking
     Model              m;
@@ -69,9 +114,14 @@ typedef struct {
     FrameReader        rd;
     FrameWriter        wr;
     bool               nomem;       // the writer could not grow
+    PromptBound        bound;       // the tokenizer's text bound
     int32_t           *toks;        // (ctx + 1,) prompt scratch, owned
     char              *chat;        // rendered chat scratch, owned, grows
     size_t             chat_cap;
+    WorkQ              wq;          // prepares large SUBMITs
+    bool               wq_up;
+    PrepJob           *jobs;        // out on wq, owned
+    int                n_jobs;
 } Thinker;
 
 
@@ -144,94 +194,269 @@ static void ev_error(void *ud, uint64_t id, int status, const char *type,
 }
 
 
-/* ---- Requests in -------------------------------------------------------- */
+/* ---- Requests in --------------------------------------------------------
+ * A SUBMIT is prepared (parsed, checked, rendered, tokenized), then the
+ * scheduler takes it. Preparing costs time in proportion to the request's
+ * bytes, so one over PREP_INLINE_MAX is prepared on the helper thread
+ * (workq.h) while steps go on, and queued when it comes back (it may be
+ * overtaken by smaller requests that arrived after it). Preparing reads
+ * only what does not change after startup (the tokenizer, the template,
+ * the name, ctx, the bound) and writes only its Prep, so the same code
+ * runs on either thread; its ERROR is emitted by the loop. */
 
-/* Renders r's messages with the model's template into t->chat. Returns
+/* Renders r's messages with the model's template into p->chat. Returns
  * the length, or -1 with err set. */
-static long render_chat(Thinker *t, const OmniRequest *r, Err *err) {
-    long len = chat_render(t->tmpl, r->msgs, r->n_msgs, true, t->chat,
-                           t->chat_cap, err);
+static long render_chat(const Thinker *t, Prep *p, Err *err) {
+    const OmniRequest *r = &p->req;
+    long               len = chat_render(t->tmpl, r->msgs, r->n_msgs, true,
+                                         p->chat, p->chat_cap, err);
 
-    if (len >= 0 && (size_t) len >= t->chat_cap) {
-        char *grown = realloc(t->chat, (size_t) len + 1);
+    if (len >= 0 && (size_t) len >= p->chat_cap) {
+        char *grown = realloc(p->chat, (size_t) len + 1);
 
         if (grown == NULL) return err_set(err, "out of memory");
-        t->chat = grown;
-        t->chat_cap = (size_t) len + 1;
-        len = chat_render(t->tmpl, r->msgs, r->n_msgs, true, t->chat,
-                          t->chat_cap, err);
+        p->chat = grown;
+        p->chat_cap = (size_t) len + 1;
+        len = chat_render(t->tmpl, r->msgs, r->n_msgs, true, p->chat,
+                          p->chat_cap, err);
     }
     return len;
 }
 
-/* Queues r as request id, or answers it with an ERROR. Prompts of up to
- * ctx + 1 tokens are tokenized into t->toks; a longer one (refused by the
- * scheduler as too long, with its true length) into a buffer of its own. */
-static void submit(Thinker *t, uint64_t id, const OmniRequest *r) {
-    const char *text = r->prompt;
-    size_t      len = r->prompt_len;
-    int64_t     cap = t->ctx + 1, n;
-    int32_t    *big = NULL;
-    SeqParams   p;
-    Err         err;
+/* Sets p's outcome to an ERROR (400 invalid_request_error unless said). */
+static void prep_fail(Prep *p, int status, const char *param,
+                      const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+static void prep_fail(Prep *p, int status, const char *param,
+                      const char *code, const char *fmt, ...)
+{
+    va_list ap;
+
+    p->status = status;
+    snprintf(p->param, sizeof(p->param), "%s", param != NULL ? param : "");
+    p->code = code;
+    va_start(ap, fmt);
+    vsnprintf(p->msg, sizeof(p->msg), fmt, ap);
+    va_end(ap);
+}
+
+/* The prompt's tokens into p->toks, or p's ERROR: a template that cannot
+ * render it, a tokenizer failure, or a prompt that cannot fit, refused by
+ * the bound before tokenizing or by tokenizing it only until it passes
+ * ctx tokens. */
+static void prep_tokens(const Thinker *t, Prep *p) {
+    const OmniRequest *r = &p->req;
+    const char        *param = r->chat ? "messages" : "prompt";
+    const char        *text = r->prompt;
+    size_t             len = r->prompt_len;
+    int64_t            least, n;
+    bool               at_least;
+    Err                err;
 
     if (r->chat) {
-        long clen = render_chat(t, r, &err);
+        long clen = render_chat(t, p, &err);
 
         if (clen < 0) {
-            ev_error(t, id, 400, "invalid_request_error", "messages", NULL,
-                     err.msg);
+            prep_fail(p, 400, param, NULL, "%s", err.msg);
             return;
         }
-        text = t->chat;
+        text = p->chat;
         len = (size_t) clen;
     }
-    n = tokenizer_encode(t->tk, text, len, true, r->chat, t->toks, cap, &err);
-    if (n > cap && (big = malloc((size_t) n * sizeof(int32_t))) != NULL) {
-        n = tokenizer_encode(t->tk, text, len, true, r->chat, big, n, &err);
-    } else if (n > cap) {
-        n = err_set(&err, "out of memory tokenizing the prompt");
-    }
+    least = prompt_bound_tokens(&t->bound,
+                                prompt_bound_bytes(&t->bound, text, len))
+            + (tokenizer_adds_bos(t->tk) ? 1 : 0);
+    n = least >= t->ctx ? least
+        : tokenizer_encode_upto(t->tk, text, len, true, r->chat, p->toks,
+                                t->ctx, &err);
+    at_least = least >= t->ctx || n > t->ctx;
     if (n < 0) {
-        ev_error(t, id, 400, "invalid_request_error",
-                 r->chat ? "messages" : "prompt", NULL, err.msg);
-        free(big);
+        prep_fail(p, 400, param, NULL, "%s", err.msg);
         return;
     }
-    memset(&p, 0, sizeof(p));
-    p.max_tokens = r->max_tokens;
-    p.sampling = r->sampling;
-    memcpy(p.stop, r->stop, sizeof(p.stop));
-    p.n_stop = r->n_stop;
-    p.ignore_eos = r->ignore_eos;
-    p.cache_salt = r->cache_salt;
-    p.cache_salt_len = r->cache_salt_len;
-    p.prompt_param = r->chat ? "messages" : "prompt";
-    sched_submit(t->sched, id, big != NULL ? big : t->toks, n, &p);
-    free(big);
+    if (n >= t->ctx) {
+        prep_fail(p, 400, param, "context_length_exceeded",
+                  PROMPT_TOO_LONG_FMT, t->ctx, at_least ? "at least " : "",
+                  n);
+        return;
+    }
+    p->n = n;
+}
+
+/* Parses and checks p->json, then tokenizes. Sets p->status (0: ready for
+ * the scheduler, p->req and p->toks[0..n) hold it). */
+static void prep_run(const Thinker *t, Prep *p) {
+    ReqError e;
+
+    p->status = 0;
+    if (request_parse(&p->req, p->json, p->len, &e) != 0) {
+        prep_fail(p, e.status, e.param, NULL, "%s", e.err.msg);
+        return;
+    }
+    p->parsed = true;
+    if (p->req.model != NULL && strcmp(p->req.model, t->name) != 0) {
+        prep_fail(p, 404, "model", "model_not_found", "The model `%.200s` "
+                  "does not exist or you do not have access to it.",
+                  p->req.model);
+        return;
+    }
+    prep_tokens(t, p);
+}
+
+/* Queues a prepared request, or emits its ERROR; releases its request. */
+static void prep_finish(Thinker *t, Prep *p) {
+    const OmniRequest *r = &p->req;
+    SeqParams          sp;
+
+    if (p->status != 0) {
+        ev_error(t, p->id, p->status, p->status < 500
+                 ? "invalid_request_error" : "server_error",
+                 p->param[0] != '\0' ? p->param : NULL, p->code, p->msg);
+    } else {
+        memset(&sp, 0, sizeof(sp));
+        sp.max_tokens = r->max_tokens;
+        sp.sampling = r->sampling;
+        memcpy(sp.stop, r->stop, sizeof(sp.stop));
+        sp.n_stop = r->n_stop;
+        sp.ignore_eos = r->ignore_eos;
+        sp.cache_salt = r->cache_salt;
+        sp.cache_salt_len = r->cache_salt_len;
+        sp.prompt_param = r->chat ? "messages" : "prompt";
+        sched_submit(t->sched, p->id, p->toks, p->n, &sp);
+    }
+    if (p->parsed) request_free(&p->req);
+    p->parsed = false;
+}
+
+static void prep_job_run(WorkJob *w) {
+    PrepJob *j = (PrepJob *) w;
+
+    prep_run(j->t, &j->p);
+}
+
+static void prep_job_free(PrepJob *j) {
+    if (j->p.parsed) request_free(&j->p.req);
+    free(j->p.toks);
+    free(j->p.chat);
+    free(j->json);
+    free(j);
+}
+
+/* A large SUBMIT goes to the helper thread with a copy of its JSON (the
+ * frame reader's buffer takes the next frame at once). Returns false when
+ * it could not be sent there: the caller prepares it inline. Past
+ * max_queue + 1 jobs out, it is refused as by the scheduler's full queue
+ * (a job holds a copy of its request). */
+static bool prep_offload(Thinker *t, uint64_t id, const char *json,
+                         size_t len)
+{
+    PrepJob *j;
+
+    if (!t->wq_up || len <= PREP_INLINE_MAX) return false;
+    if (t->n_jobs > t->cfg->max_queue) {
+        char msg[96];
+
+        snprintf(msg, sizeof(msg), "the server is overloaded: %d requests "
+                 "are being prepared", t->n_jobs);
+        ev_error(t, id, 503, "server_error", NULL, "overloaded", msg);
+        return true;
+    }
+    j = calloc(1, sizeof(*j));
+    if (j == NULL) return false;
+    j->json = malloc(len);
+    j->p.toks = malloc((size_t) (t->ctx + 1) * sizeof(int32_t));
+    if (j->json == NULL || j->p.toks == NULL) {
+        prep_job_free(j);
+        return false;
+    }
+    memcpy(j->json, json, len);
+    j->w.run = prep_job_run;
+    j->t = t;
+    j->p.id = id;
+    j->p.json = j->json;
+    j->p.len = len;
+    j->next = t->jobs;
+    t->jobs = j;
+    t->n_jobs++;
+    workq_push(&t->wq, &j->w);
+    return true;
+}
+
+/* Prepared jobs back from the helper thread: queued, unless cancelled
+ * meanwhile (then dropped without a word, as a CANCEL wants). */
+static void prep_done(Thinker *t) {
+    WorkJob *w = workq_done(&t->wq), *next;
+
+    for (; w != NULL; w = next) {
+        PrepJob  *j = (PrepJob *) w;
+        PrepJob **pp = &t->jobs;
+
+        next = w->next;
+        while (*pp != j) pp = &(*pp)->next;
+        *pp = j->next;
+        t->n_jobs--;
+        if (!j->cancelled && w->ran) {
+            prep_finish(t, &j->p);
+        } else if (!j->cancelled) {
+            ev_error(t, j->p.id, 503, "server_error", NULL,
+                     "engine_shutdown", "the engine's thinker stage is "
+                     "stopping");
+        }
+        prep_job_free(j);
+    }
+}
+
+/* A CANCEL: wherever the request is, it goes without a word. */
+static void cancel(Thinker *t, uint64_t id) {
+    for (PrepJob *j = t->jobs; j != NULL; j = j->next) {
+        if (j->p.id == id) j->cancelled = true;
+    }
+    sched_cancel(t->sched, id);
 }
 
 static void on_submit(Thinker *t, uint64_t id, const char *json, size_t len)
 {
-    OmniRequest r;
-    ReqError    e;
-    char        why[400];
+    Prep p = { .id = id, .json = json, .len = len, .toks = t->toks,
+               .chat = t->chat, .chat_cap = t->chat_cap };
 
-    if (request_parse(&r, json, len, &e) != 0) {
-        ev_error(t, id, e.status, e.status < 500 ? "invalid_request_error"
-                 : "server_error", e.param[0] != '\0' ? e.param : NULL, NULL,
-                 e.err.msg);
-        return;
+    if (prep_offload(t, id, json, len)) return;
+    prep_run(t, &p);
+    t->chat = p.chat;                   // the scratch, maybe grown
+    t->chat_cap = p.chat_cap;
+    prep_finish(t, &p);
+}
+
+/* ---- Liveness (stage.h) ------------------------------------------------ */
+
+static void beat(Thinker *t) {
+    if (t->stats == NULL) return;
+    atomic_store_explicit(&t->stats->heartbeat_us, stage_clock_us(),
+                          memory_order_relaxed);
+}
+
+/* One scheduler step between two beats, with its start published while it
+ * runs (health tells a long step from a stalled loop) and the longest
+ * step kept (what --stage-kill-after must stay above). */
+static void step(Thinker *t) {
+    OmniStats *st = t->stats;
+    int64_t    t0 = stage_clock_us(), t1;
+
+    if (st != NULL) {
+        atomic_store_explicit(&st->heartbeat_us, t0, memory_order_relaxed);
+        atomic_store_explicit(&st->step_start_us, t0, memory_order_relaxed);
     }
-    if (r.model != NULL && strcmp(r.model, t->name) != 0) {
-        snprintf(why, sizeof(why), "The model `%.200s` does not exist or "
-                 "you do not have access to it.", r.model);
-        ev_error(t, id, 404, "invalid_request_error", "model",
-                 "model_not_found", why);
-    } else {
-        submit(t, id, &r);
+    sched_step(t->sched);
+    if (st == NULL) return;
+    t1 = stage_clock_us();
+    atomic_store_explicit(&st->step_start_us, 0, memory_order_relaxed);
+    atomic_store_explicit(&st->heartbeat_us, t1, memory_order_relaxed);
+    if (t1 - t0 > atomic_load_explicit(&st->step_max_us,
+                                       memory_order_relaxed))
+    {
+        atomic_store_explicit(&st->step_max_us, t1 - t0,
+                              memory_order_relaxed);
     }
-    request_free(&r);
 }
 
 /* Handles every whole frame that can be read now. Returns 1 at EOF, 0
@@ -254,13 +479,14 @@ static int read_frames(Thinker *t, Err *err) {
             on_submit(t, omni_rd64(p), (const char *) p + 8, len - 8);
             break;
         case OMNI_F_STAGE_CANCEL:
-            sched_cancel(t->sched, omni_rd64(p));
+            cancel(t, omni_rd64(p));
             break;
         default:
             return err_set(err, "frontend sent stage frame type %u, which "
                            "a stage does not take", t->rd.hdr.type);
         }
         frame_reader_next(&t->rd);
+        beat(t);
     }
     if (st == FRAME_BAD) {
         return err_set(err, "frontend channel: %s", t->rd.error);
@@ -424,6 +650,9 @@ static int map_stats(Thinker *t, int stats_fd, Err *err) {
     atomic_store(&s->kv_blocks_cached, 0);
     atomic_store(&s->kv_blocks_free, 0);
     atomic_store(&s->kv_blocks_total, 0);
+    atomic_store(&s->heartbeat_us, 0);
+    atomic_store(&s->step_start_us, 0);
+    atomic_store(&s->step_max_us, 0);
     atomic_store(&s->stage_pid, (int64_t) getpid());
     return 0;
 }
@@ -459,10 +688,11 @@ static int warm_up(Thinker *t, Err *err) {
     return 0;
 }
 
-/* READY: {"id": name, "max_model_len": ctx, "kernels": set}, the name
- * JSON-escaped. */
+/* READY: {"id": name, "max_model_len": ctx, "kernels": set,
+ * "max_piece_bytes": n, "ws_free": bool}, the name JSON-escaped. The
+ * first heartbeat goes out with it. */
 static int say_ready(Thinker *t, Err *err) {
-    char   buf[2 * sizeof(t->name) * 3 + 128];
+    char   buf[2 * sizeof(t->name) * 3 + 256];
     size_t n = 0;
 
     n += (size_t) snprintf(buf, sizeof(buf), "{\"id\":\"");
@@ -480,7 +710,11 @@ static int say_ready(Thinker *t, Err *err) {
     }
     n += (size_t) snprintf(buf + n, sizeof(buf) - n,
                            "\",\"max_model_len\":%" PRId64 ",\"kernels\":"
-                           "\"%s\"}", t->ctx, t->be->name);
+                           "\"%s\",\"max_piece_bytes\":%" PRIu32
+                           ",\"ws_free\":%s}", t->ctx, t->be->name,
+                           t->bound.max_piece,
+                           t->bound.ws_free ? "true" : "false");
+    beat(t);
     if (frame_put(&t->wr, OMNI_F_STAGE_READY, buf, n) != 0) {
         return err_set(err, "out of memory");
     }
@@ -503,13 +737,16 @@ static int thinker_start(Thinker *t, int stats_fd, Err *err) {
         return err_set(err, "--ctx %" PRId64 " is more than the model's "
                        "context of %" PRId64 " tokens", t->ctx, n_ctx);
     }
+    tokenizer_text_bound(t->tk, &t->bound.max_piece, &t->bound.ws_free);
     t->toks = malloc((size_t) (t->ctx + 1) * sizeof(int32_t));
     if (t->toks == NULL) return err_set(err, "out of memory");
     if (make_backend(t, err) != 0 || map_stats(t, stats_fd, err) != 0
-        || make_scheduler(t, err) != 0 || warm_up(t, err) != 0)
+        || make_scheduler(t, err) != 0 || warm_up(t, err) != 0
+        || workq_init(&t->wq, PREP_NICE, err) != 0)
     {
         return -1;
     }
+    t->wq_up = true;
     return say_ready(t, err);
 }
 
@@ -533,19 +770,23 @@ static int serve(Thinker *t, Err *err) {
     for (;;) {
         size_t        pending = frame_writer_pending(&t->wr);
         bool          backlog = pending > WRITE_HIGH;
-        struct pollfd p = { t->fd, POLLIN, 0 };
+        struct pollfd p[2] = { { t->fd, POLLIN, 0 },
+                               { t->wq.efd, POLLIN, 0 } };
         int           rc;
 
-        if (pending > 0) p.events |= POLLOUT;
-        rc = poll(&p, 1, sched_idle(t->sched) || backlog ? -1 : 0);
+        if (pending > 0) p[0].events |= POLLOUT;
+        rc = poll(p, t->wq_up ? 2 : 1,
+                  sched_idle(t->sched) || backlog ? STAGE_BEAT_MS : 0);
         if (rc < 0 && errno != EINTR) {
             return err_set(err, "poll: %s", strerror(errno));
         }
-        if (rc > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
+        beat(t);
+        if (rc > 0 && t->wq_up && (p[1].revents & POLLIN)) prep_done(t);
+        if (rc > 0 && (p[0].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
             rc = read_frames(t, err);
             if (rc != 0) return rc > 0 ? 0 : -1;
         }
-        if (!backlog && !sched_idle(t->sched)) sched_step(t->sched);
+        if (!backlog && !sched_idle(t->sched)) step(t);
         if (t->nomem) return err_set(err, "out of memory queueing output");
         if (frame_flush(&t->wr, t->fd) != 0) {
             if (errno == EPIPE || errno == ECONNRESET) return 0;
@@ -576,6 +817,11 @@ int thinker_main(const ServeConfig *cfg, int ipc_fd, int stats_fd, Err *err)
     }
     rc = thinker_start(&t, stats_fd, err);
     if (rc == 0) rc = serve(&t, err);
+    if (t.wq_up) {                      // what it prepared goes first
+        workq_stop(&t.wq);
+        prep_done(&t);
+        workq_free(&t.wq);
+    }
     if (t.sched != NULL) {
         sched_abort_all(t.sched, "the engine's thinker stage is stopping");
         frame_flush(&t.wr, t.fd);

@@ -678,6 +678,86 @@ void tokenizer_free(Tokenizer *tk) {
     free(tk);
 }
 
+/* ---- How much text one token covers ----------------------------------------
+ * Every token the encoder emits stands for a run of its working text (the
+ * input with SPM's spaces as U+2581, bytes mapped to GPT-2's byte-level
+ * characters, bad bytes as U+FFFD: never shorter than the input it came
+ * from) that is either the token's own text or, for a symbol that is not a
+ * token, one byte of it. So a token covers at most max(len) input bytes,
+ * with two exceptions: a special token with a strip attribute also takes
+ * the whitespace next to it, and a byte with no token to fall back to is
+ * dropped (llama.cpp's behaviour, kept). */
+
+/* The token whose text is l followed by r, without building the string. */
+static int32_t vocab_find_concat(const Tokenizer *tk, const char *l,
+                                 size_t ln, const char *r, size_t rn)
+{
+    uint64_t h = hash_bytes(0xcbf29ce484222325ULL, l, ln);
+    uint32_t i;
+
+    h = hash_bytes(h, r, rn);
+    i = (uint32_t) (h ^ (h >> 29)) & tk->vocab_mask;
+    for (; tk->vocab_slot[i] != 0; i = (i + 1) & tk->vocab_mask) {
+        int32_t id = (int32_t) tk->vocab_slot[i] - 1;
+
+        if (tk->len[id] == ln + rn && memcmp(tk->text[id], l, ln) == 0
+            && memcmp(tk->text[id] + ln, r, rn) == 0)
+        {
+            return id;
+        }
+    }
+    return NO_TOKEN;
+}
+
+/* Whether no input byte can be dropped. Either every byte has a token to
+ * fall back to (SPM: or there is an unknown token), or, for byte-level
+ * BPE, no symbol ever needs the fallback: every byte-level character is a
+ * token and so is the result of every merge (merges are the only way a
+ * symbol grows). The second test reads every merge once. */
+static bool drops_nothing(const Tokenizer *tk) {
+    bool unk = tk->model == MODEL_SPM && tk->sid[SID_UNK] != NO_TOKEN;
+    int  b;
+
+    for (b = 0; b < 256; b++) {
+        if (tk->byte_tok[b] == NO_TOKEN && !unk) break;
+    }
+    if (b == 256) return true;
+    if (tk->model != MODEL_BPE || (tk->pre_flags & PRE_RAW_UTF8)) return false;
+    for (b = 0; b < 256; b++) {
+        if (tok_vocab_find(tk, (const char *) tk->bl_utf8[b], tk->bl_len[b])
+            == NO_TOKEN)
+        {
+            return false;
+        }
+    }
+    for (uint32_t r = 0; r < tk->n_merges; r++) {
+        GGUFStr  m = tk->merge_str[r];
+        uint32_t ln = tk->merge_split[r];
+
+        if (ln != 0 && vocab_find_concat(tk, m.ptr, ln, m.ptr + ln + 1,
+                                         m.len - ln - 1) == NO_TOKEN)
+        {
+            return false;
+        }
+    }
+    return true;
+}
+
+void tokenizer_text_bound(const Tokenizer *tk, uint32_t *max_piece,
+                          bool *ws_free)
+{
+    uint32_t longest = 1;
+    bool     strip = false;
+
+    for (int32_t i = 0; i < tk->n_vocab; i++) {
+        if (tk->len[i] > longest) longest = tk->len[i];
+        if (tk->attr[i] & (ATTR_LSTRIP | ATTR_RSTRIP)) strip = true;
+    }
+    *max_piece = drops_nothing(tk) ? longest : 0;
+    *ws_free = strip;
+}
+
+
 int32_t tokenizer_n_vocab(const Tokenizer *tk) { return tk->n_vocab; }
 int32_t tokenizer_bos(const Tokenizer *tk)     { return tk->sid[SID_BOS]; }
 int32_t tokenizer_eos(const Tokenizer *tk)     { return tk->sid[SID_EOS]; }

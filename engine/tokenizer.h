@@ -67,6 +67,31 @@ int64_t    tokenizer_encode(const Tokenizer *tk, const char *text, size_t len,
                             bool add_special, bool parse_special,
                             int32_t *out, int64_t cap, Err *err);
 
+/* As tokenizer_encode, but encoding may stop once more than cap tokens
+ * are found: returns the count when it is at most cap, else cap + 1,
+ * meaning "more than cap". BPE text is consumed left to right and stops
+ * within the word that passes cap, so refusing a prompt too long for a
+ * context costs about a context's worth of text, not the whole text; SPM
+ * merges a fragment (text between special tokens) as a whole, so there
+ * only the prompt bound below limits the work. */
+int64_t    tokenizer_encode_upto(const Tokenizer *tk, const char *text,
+                                 size_t len, bool add_special,
+                                 bool parse_special, int32_t *out,
+                                 int64_t cap, Err *err);
+
+/* What lets a caller refuse text that cannot fit n tokens without encoding
+ * it: every token tokenizer_encode emits (BOS and EOS aside) covers at most
+ * *max_piece bytes of the text, so text of more than n * *max_piece bytes
+ * needs more than n tokens. With *ws_free, whitespace (C isspace) next to
+ * a special token may be absorbed by it (strip attributes, as Phi-3 sets
+ * them): count only the other bytes then. *max_piece is 0 when there is
+ * no bound: a vocabulary lacking the byte tokens some text falls back to
+ * drops those bytes. Walks the vocabulary, and the merges of a byte-level
+ * BPE without raw byte tokens (tens of ms for 500k merges): call it once.
+ * Can't fail. */
+void       tokenizer_text_bound(const Tokenizer *tk, uint32_t *max_piece,
+                                bool *ws_free);
+
 /* The bytes token id stands for: SPM's U+2581 becomes a space, <0xXX> the
  * byte, byte-level BPE characters their bytes; control tokens render as
  * nothing unless render_special, user-defined ones always as their text.

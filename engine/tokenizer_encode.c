@@ -16,7 +16,12 @@
  *      pre-tokenizer patterns (tokenizer_pre.c; PCRE2, Unicode properties,
  *      each pattern refining the pieces of the previous one, unmatched gaps
  *      kept as pieces), each word is mapped to GPT-2's byte-level characters
- *      and its symbols are merged lowest merge rank first.
+ *      and its symbols are merged lowest merge rank first. The refinement
+ *      runs depth first, each word merged as soon as the last pattern has
+ *      cut it, so the text is consumed from left to right and encoding can
+ *      stop at a token limit without matching the rest (the words and
+ *      their order are those of refining the whole text pattern by
+ *      pattern).
  *
  * Both merge loops keep symbols in an array linked as a list and candidate
  * pairs in a binary heap, so a word of n characters costs O(n log n); a
@@ -106,16 +111,11 @@ typedef struct {
 } Pair;
 
 typedef struct {
-    size_t off, len;
-} Span;
-
-typedef struct {
     char             *buf;      // (3 * len + 3,) escaped or cleaned text
     char             *word;     // (6 * len + 2,) one byte-level word
     Sym              *sym;      // (sym_cap,) symbols of one word
     Pair             *heap;     // (3 * sym_cap,) heap of candidate pairs
     size_t            sym_cap;
-    Span             *span[2];  // (len + 1,) pieces before/after a pattern
     Frag             *frag;     // (frag_cap,) fragments of the text
     size_t            frag_cap;
     pcre2_match_data *md;
@@ -124,6 +124,7 @@ typedef struct {
 typedef struct {
     int32_t *ids;               // caller's buffer
     int64_t  cap, n;            // n counts every token, written or not
+    int64_t  limit;             // encoding may stop once n > limit
 } Out;
 
 static void out_push(Out *o, int32_t id) {
@@ -142,10 +143,8 @@ static int scratch_init(Scratch *w, const Tokenizer *tk, size_t len,
     if (tk->model == MODEL_BPE) {
         /* a cleaned byte may become a 2-byte byte-level character */
         w->word = malloc(6 * len + 2);
-        w->span[0] = malloc((len + 1) * sizeof(Span));  // a span holds at
-        w->span[1] = malloc((len + 1) * sizeof(Span));  //   least one char
         w->md = pcre2_match_data_create(1, NULL);
-        if (!w->word || !w->span[0] || !w->span[1] || !w->md) goto oom;
+        if (!w->word || !w->md) goto oom;
     }
     return 0;
 oom:
@@ -172,8 +171,6 @@ static void scratch_free(Scratch *w) {
     free(w->word);
     free(w->sym);
     free(w->heap);
-    free(w->span[0]);
-    free(w->span[1]);
     free(w->frag);
     pcre2_match_data_free(w->md);
 }
@@ -455,51 +452,6 @@ static int spm_fragment(const Tokenizer *tk, const char *s, size_t n,
     return 0;
 }
 
-/* Refines spans in[0..n_in) of s by one pattern: matches and the gaps
- * between them both become pieces; each span is matched as a whole subject,
- * so lookarounds and $ stop at its ends. Returns the piece count, or -1. */
-static int64_t split_by(const pcre2_code *re, const char *s, const Span *in,
-                        size_t n_in, Span *out, pcre2_match_data *md,
-                        Err *err)
-{
-    size_t n = 0;
-
-    for (size_t i = 0; i < n_in; i++) {
-        PCRE2_SPTR subj = (PCRE2_SPTR) (s + in[i].off);
-        size_t     len = in[i].len, start = 0, prev = 0;
-
-        while (start <= len) {
-            int         rc = pcre2_match(re, subj, len, start,
-                                         PCRE2_NO_UTF_CHECK, md, NULL);
-            PCRE2_SIZE *ov;
-
-            if (rc == PCRE2_ERROR_JIT_STACKLIMIT) {
-                rc = pcre2_match(re, subj, len, start,
-                                 PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md, NULL);
-            }
-            if (rc == PCRE2_ERROR_NOMATCH) break;
-            if (rc < 0) {
-                char msg[128];
-
-                pcre2_get_error_message(rc, (PCRE2_UCHAR *) msg, sizeof(msg));
-                return err_set(err, "pre-tokenizer pattern failed: %s", msg);
-            }
-            ov = pcre2_get_ovector_pointer(md);
-            if (ov[0] > prev) {                             // the gap
-                out[n++] = (Span) { in[i].off + prev, ov[0] - prev };
-            }
-            if (ov[1] > ov[0]) {                            // the match
-                out[n++] = (Span) { in[i].off + ov[0], ov[1] - ov[0] };
-            }
-            prev = ov[1];
-            start = ov[1] > ov[0] ? ov[1]
-                    : ov[1] + (ov[1] < len ? utf8_lead_len(subj[ov[1]]) : 1);
-        }
-        if (prev < len) out[n++] = (Span) { in[i].off + prev, len - prev };
-    }
-    return (int64_t) n;
-}
-
 static bool all_newlines(const char *s, size_t n) {
     for (size_t i = 0; i < n; i++) {
         if (s[i] != '\n') return false;
@@ -541,40 +493,80 @@ static int bpe_word(const Tokenizer *tk, const char *s, size_t n, Scratch *w,
     return 0;
 }
 
-static int bpe_fragment(const Tokenizer *tk, const char *s, size_t n,
-                        Scratch *w, Out *o, Err *err)
+/* Cuts s[off, off + len) by patterns re[i..], depth first: the matches of
+ * re[i] and the gaps between them are pieces, each cut by re[i + 1] as a
+ * whole subject (so lookarounds and $ stop at its ends); a piece past the
+ * last pattern is a word and is merged at once. Stops early once o->n
+ * passes o->limit. Returns 0, or -1 with err set. */
+static int bpe_split(const Tokenizer *tk, const char *s, size_t off,
+                     size_t len, int i, Scratch *w, Out *o, Err *err)
 {
-    size_t m = utf8_clean(s, n, w->buf, tk->pre_flags & PRE_RAW_UTF8);
-    size_t ns = 1;
-    int    cur = 0;
+    PCRE2_SPTR subj = (PCRE2_SPTR) (s + off);
+    size_t     start = 0, prev = 0;
 
-    if (m == 0) return 0;
-    w->span[0][0] = (Span) { 0, m };
-    for (int i = 0; i < tk->n_re; i++) {
-        int64_t k = split_by(tk->re[i], w->buf, w->span[cur], ns,
-                             w->span[1 - cur], w->md, err);
-
-        if (k < 0) return -1;
-        ns = (size_t) k;
-        cur = 1 - cur;
-    }
-    for (size_t i = 0; i < ns; i++) {
-        const Span *sp = &w->span[cur][i];
-
-        if (bpe_word(tk, w->buf + sp->off, sp->len, w, o) != 0) {
+    if (i == tk->n_re) {
+        if (bpe_word(tk, s + off, len, w, o) != 0) {
             return err_set(err, "out of memory encoding a %zu-byte word",
-                           sp->len);
+                           len);
         }
+        return 0;
+    }
+    while (start <= len && o->n <= o->limit) {
+        int         rc = pcre2_match(tk->re[i], subj, len, start,
+                                     PCRE2_NO_UTF_CHECK, w->md, NULL);
+        PCRE2_SIZE *ov, m0, m1;
+
+        if (rc == PCRE2_ERROR_JIT_STACKLIMIT) {
+            rc = pcre2_match(tk->re[i], subj, len, start,
+                             PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, w->md, NULL);
+        }
+        if (rc == PCRE2_ERROR_NOMATCH) break;
+        if (rc < 0) {
+            char msg[128];
+
+            pcre2_get_error_message(rc, (PCRE2_UCHAR *) msg, sizeof(msg));
+            return err_set(err, "pre-tokenizer pattern failed: %s", msg);
+        }
+        ov = pcre2_get_ovector_pointer(w->md);
+        m0 = ov[0];                     // the deeper levels reuse w->md
+        m1 = ov[1];
+        if (m0 > prev
+            && bpe_split(tk, s, off + prev, m0 - prev, i + 1, w, o, err) != 0)
+        {
+            return -1;
+        }
+        if (m1 > m0
+            && bpe_split(tk, s, off + m0, m1 - m0, i + 1, w, o, err) != 0)
+        {
+            return -1;
+        }
+        prev = m1;
+        start = m1 > m0 ? m1
+                : m1 + (m1 < len ? utf8_lead_len(subj[m1]) : 1);
+    }
+    if (prev < len && o->n <= o->limit) {
+        return bpe_split(tk, s, off + prev, len - prev, i + 1, w, o, err);
     }
     return 0;
 }
 
-int64_t tokenizer_encode(const Tokenizer *tk, const char *text, size_t len,
-                         bool add_special, bool parse_special,
-                         int32_t *out, int64_t cap, Err *err)
+static int bpe_fragment(const Tokenizer *tk, const char *s, size_t n,
+                        Scratch *w, Out *o, Err *err)
+{
+    size_t m = utf8_clean(s, n, w->buf, tk->pre_flags & PRE_RAW_UTF8);
+
+    if (m == 0) return 0;
+    return bpe_split(tk, w->buf, 0, m, 0, w, o, err);
+}
+
+/* tokenizer_encode and tokenizer_encode_upto: o->limit is where encoding
+ * may stop (INT64_MAX: never). */
+static int64_t encode(const Tokenizer *tk, const char *text, size_t len,
+                      bool add_special, bool parse_special, Out *out,
+                      Err *err)
 {
     Scratch w;
-    Out     o = { out, cap, 0 };
+    Out     o = *out;
     size_t  nf;
     bool    prev_special = true;    // SPM: the text start counts as special
     int     rc = 0;
@@ -589,7 +581,7 @@ int64_t tokenizer_encode(const Tokenizer *tk, const char *text, size_t len,
         return -1;
     }
     if (add_special && tokenizer_adds_bos(tk)) out_push(&o, tk->sid[SID_BOS]);
-    for (size_t i = 0; i < nf && rc == 0; i++) {
+    for (size_t i = 0; i < nf && rc == 0 && o.n <= o.limit; i++) {
         const Frag *f = &w.frag[i];
 
         if (f->tok != NO_TOKEN) {
@@ -609,4 +601,24 @@ int64_t tokenizer_encode(const Tokenizer *tk, const char *text, size_t len,
     }
     scratch_free(&w);
     return rc == 0 ? o.n : -1;
+}
+
+int64_t tokenizer_encode(const Tokenizer *tk, const char *text, size_t len,
+                         bool add_special, bool parse_special,
+                         int32_t *out, int64_t cap, Err *err)
+{
+    Out o = { out, cap, 0, INT64_MAX };
+
+    return encode(tk, text, len, add_special, parse_special, &o, err);
+}
+
+int64_t tokenizer_encode_upto(const Tokenizer *tk, const char *text,
+                              size_t len, bool add_special,
+                              bool parse_special, int32_t *out, int64_t cap,
+                              Err *err)
+{
+    Out     o = { out, cap, 0, cap };
+    int64_t n = encode(tk, text, len, add_special, parse_special, &o, err);
+
+    return n > cap ? cap + 1 : n;
 }

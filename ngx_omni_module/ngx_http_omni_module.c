@@ -103,6 +103,13 @@ static ngx_command_t  ngx_http_omni_commands[] = {
       offsetof(ngx_http_omni_loc_conf_t, keepalive_interval),
       NULL },
 
+    { ngx_string("omni_health_timeout"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_omni_loc_conf_t, health_timeout),
+      NULL },
+
     { ngx_string("omni_api_keys"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
       ngx_http_omni_api_keys,
@@ -827,6 +834,7 @@ ngx_http_omni_create_loc_conf(ngx_conf_t *cf)
     conf->upstream.buffer_size = NGX_CONF_UNSET_SIZE;
 
     conf->keepalive_interval = NGX_CONF_UNSET_MSEC;
+    conf->health_timeout = NGX_CONF_UNSET_MSEC;
     conf->api_keys = NGX_CONF_UNSET_PTR;
 
     /* the hardcoded values */
@@ -895,6 +903,20 @@ ngx_http_omni_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
 
     ngx_conf_merge_msec_value(conf->keepalive_interval,
                               prev->keepalive_interval, 15000);
+
+    ngx_conf_merge_msec_value(conf->health_timeout,
+                              prev->health_timeout, 3000);
+
+    if (conf->handler == NGX_HTTP_OMNI_HEALTH
+        || conf->handler == NGX_HTTP_OMNI_METRICS)
+    {
+        /* a stopped engine still accepts (the kernel does it) and never
+         * answers: a probe must not wait omni_read_timeout for that */
+
+        conf->upstream.connect_timeout = conf->health_timeout;
+        conf->upstream.send_timeout = conf->health_timeout;
+        conf->upstream.read_timeout = conf->health_timeout;
+    }
 
     ngx_conf_merge_ptr_value(conf->api_keys, prev->api_keys, NULL);
 

@@ -129,6 +129,7 @@ typedef struct {
                                                    NGX_HTTP_OMNI_ENDPOINTS */
     ngx_msec_t                  keepalive_interval;
                                                 /* omni_keepalive_interval */
+    ngx_msec_t                  health_timeout; /* omni_health_timeout */
     ngx_array_t                *api_keys;       /* of ngx_str_t, or NULL */
     ngx_str_t                   api_keys_file;
 } ngx_http_omni_loc_conf_t;

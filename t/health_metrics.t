@@ -2,10 +2,15 @@
 # JSON, the Prometheus text (the engine's metrics, then the module's own:
 # requests by endpoint and status, client aborts, upstream errors, auth
 # failures, engine_up), methods, x-request-id. The engine-down and
-# not-ready cases are in t/upstream.t (with a stand-in engine).
+# not-ready cases are in t/upstream.t (with a stand-in engine). Last, a
+# hung engine: its thinker stopped (SIGSTOP: not ready after
+# --stage-unready-after, 2 s here), then its frontend stopped (/health
+# answers 503 within omni_health_timeout, not omni_read_timeout).
 use strict;
 use warnings;
 use lib '.';
+BEGIN { $ENV{OMNI_TEST_ENGINE_ARGS} = '--stage-unready-after 2 '
+                                      . '--stage-kill-after 120' }
 use t::lib::Omni;
 use Test::Nginx::Socket 'no_plan';
 
@@ -19,6 +24,12 @@ sub chat {
         messages => [{ role => 'user', content => 'Hi' }], max_tokens => 2,
         @_ });
 }
+
+# SIGSTOP/SIGCONT of the engine's thinker stage or frontend; stop()
+# remembers when, for the checks.
+our ($Stopped, $StopAt);
+sub stop { $Stopped = shift; $StopAt = Time::HiRes::time(); kill 'STOP', $Stopped }
+sub cont { kill 'CONT', $Stopped if $Stopped; undef $Stopped }
 
 # metric name (with labels) => value
 sub prom { return map { /^(\S+) (\S+)$/ ? ($1, $2) : () }
@@ -130,3 +141,114 @@ error_is($json, 'invalid_request_error', undef, undef, $name);
 --- error_log
 "omni_metrics" needs "omni_pass"
 --- no_error_log
+
+
+
+=== TEST 8: a stopped thinker stage: not ready, and the metrics say so
+--- init
+::stop(main::stage_pid(t::lib::Omni::engine()));
+Time::HiRes::sleep(2.5);
+--- request eval
+["GET /health", "GET /metrics"]
+--- error_code eval
+[503, 200]
+--- check
+if ($i == 0) {
+    is($json->{status}, 'not ready', "$name: not ready");
+    like($json->{reason}, qr/^the thinker stage \(pid \d+\) has been (?#
+         )silent for [\d.]+ s/, "$name: the reason says it is silent");
+} else {
+    my %m = prom($body);
+    is($m{omni_engine_stage_ready}, 0, "$name: stage_ready 0");
+    ok($m{omni_engine_stage_heartbeat_age_seconds} >= 2,
+       "$name: heartbeat age $m{omni_engine_stage_heartbeat_age_seconds}");
+    is($m{omni_nginx_engine_up}, 1, "$name: the engine itself answers");
+    ::cont();
+}
+
+
+
+=== TEST 9: resumed: ready again
+--- init
+::cont();
+main::wait_health(t::lib::Omni::engine(), 200, 10);
+--- request
+GET /health
+--- error_code: 200
+--- response_body
+{"status":"ready"}
+
+
+
+=== TEST 10: a stopped frontend: 503 within omni_health_timeout
+--- config
+    location = /health {
+        omni_health;
+        omni_health_timeout 1s;
+        omni_pass unix:$TEST_NGINX_OMNI_SOCKET;
+    }
+    location = /metrics {
+        omni_metrics;
+        omni_health_timeout 1s;
+        omni_pass unix:$TEST_NGINX_OMNI_SOCKET;
+    }
+--- init
+::stop(t::lib::Omni::engine()->{pid});
+--- request eval
+["GET /health", "GET /metrics"]
+--- error_code eval
+[503, 200]
+--- timeout: 5
+--- check
+my $took = Time::HiRes::time() - $::StopAt;
+if ($i == 0) {
+    is($json->{status}, 'not ready', "$name: not ready");
+    like($json->{reason}, qr/did not answer in time/, "$name: why");
+    ok($took < 3, sprintf("$name: answered after %.1f s", $took));
+} else {
+    my %m = prom($body);
+    is($m{omni_nginx_engine_up}, 0, "$name: engine_up 0");
+    ok(!defined $m{omni_engine_stage_ready}, "$name: no engine metrics");
+    ok($took < 5, sprintf("$name: both answered after %.1f s", $took));
+    ::cont();
+}
+
+
+
+=== TEST 11: resumed: ready again
+--- init
+::cont();
+main::wait_health(t::lib::Omni::engine(), 200, 10);
+--- request
+GET /health
+--- error_code: 200
+--- response_body
+{"status":"ready"}
+
+
+
+=== TEST 12: a stopped frontend, default omni_health_timeout (3s)
+--- init
+::stop(t::lib::Omni::engine()->{pid});
+--- request
+GET /health
+--- error_code: 503
+--- timeout: 8
+--- check
+my $took = Time::HiRes::time() - $::StopAt;
+::cont();
+like($json->{reason}, qr/did not answer in time/, "$name: why");
+ok($took >= 2.5 && $took < 6, sprintf("$name: answered after %.1f s",
+                                      $took));
+
+
+
+=== TEST 13: resumed: ready again
+--- init
+::cont();
+main::wait_health(t::lib::Omni::engine(), 200, 10);
+--- request
+GET /health
+--- error_code: 200
+--- response_body
+{"status":"ready"}

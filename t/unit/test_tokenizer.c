@@ -11,6 +11,10 @@
  *     vocabulary must match, encoded as tests/test-tokenizer-0.cpp does it:
  *     add_special and parse_special both false.
  *
+ * Beyond llama.cpp: the text bound (tokenizer_text_bound) is a true lower
+ * bound on every vocabulary, and tokenizer_encode_upto agrees with
+ * tokenizer_encode wherever it stops.
+ *
  * A missing checkout or model fails the group; it is never skipped. */
 
 #include <stdarg.h>
@@ -25,6 +29,7 @@
 #include "testutil.h"
 
 #include "gguf.h"
+#include "stage.h"
 #include "tokenizer.h"
 
 #define MAX_IDS 65536
@@ -549,6 +554,184 @@ static void test_long_round_trip(void **state) {
 }
 
 
+/* ---- The text bound and early stop ---------------------------------------
+ * tokenizer_text_bound must be a true lower bound: a prompt refused by it
+ * must be one the tokenizer would have refused. Checked on every vector
+ * input of every vocabulary, plus texts built to be cheap in tokens (long
+ * runs, the longest tokens' text, special tokens with whitespace that
+ * strip attributes eat), with and without special handling. */
+
+/* Calls fn on every input of a vocabulary's .inp file and on the extra
+ * texts below; fn returns false to report a failure. */
+typedef bool (*TextFn)(const Tokenizer *tk, const void *ctx, const char *name,
+                       const char *text, size_t len);
+
+static int each_text(const Tokenizer *tk, const void *ctx, const char *name,
+                     const char *src, TextFn fn)
+{
+    static const char sep[] = "\n__ggml_vocab_test__\n";
+    static const char *extra[] = {
+        "", " ", "a", "<|user|>", "<|user|>\nhi<|end|>\n<|assistant|>\n",
+        "<s>   </s>\t\t\n<|endoftext|>", "\xff\xfe\x80 bad bytes \xc3",
+    };
+    char   path[8300], *inp, *big;
+    size_t ni, pos = 0, blen = 12000;
+    int    bad = 0;
+
+    snprintf(path, sizeof(path), "%s/models/ggml-vocab-%s.gguf.inp", src,
+             name);
+    inp = read_file(path, &ni);
+    while (inp != NULL && pos < ni) {
+        char  *next = strstr(inp + pos, sep);
+        size_t len = next != NULL ? (size_t) (next - inp) - pos : ni - pos;
+
+        bad += !fn(tk, ctx, name, inp + pos, len);
+        if (next == NULL) break;
+        pos = (size_t) (next - inp) + sizeof(sep) - 1;
+    }
+    for (size_t i = 0; i < sizeof(extra) / sizeof(extra[0]); i++) {
+        bad += !fn(tk, ctx, name, extra[i], strlen(extra[i]));
+    }
+    big = malloc(blen);
+    assert_non_null(big);
+    memset(big, ' ', blen);                             // one long run
+    bad += !fn(tk, ctx, name, big, blen);
+    memcpy(big, "<|user|>", 8);                         // eaten by RSTRIP
+    bad += !fn(tk, ctx, name, big, blen);
+    for (size_t i = 0; i < blen; i++) big[i] = "-=_ \n"[(i / 997) % 5];
+    bad += !fn(tk, ctx, name, big, blen);
+    for (int32_t id = 0, k = 0; id < tokenizer_n_vocab(tk) && k < 6; id++) {
+        size_t n = tokenizer_piece(tk, id, true, big, 4096);   // the texts
+                                                               //   of long
+        if (n >= 24 && n <= 4096) {                            //   tokens
+            size_t at = n;
+
+            while (at + n <= blen / 3) memcpy(big + at, big, n), at += n;
+            bad += !fn(tk, ctx, name, big, at);
+            k++;
+        }
+    }
+    free(big);
+    free(inp);
+    return bad;
+}
+
+/* ctx: the vocabulary's PromptBound */
+static bool bound_holds(const Tokenizer *tk, const void *ctx,
+                        const char *name, const char *text, size_t len)
+{
+    const PromptBound *bp = ctx;
+    PromptBound        b = *bp;
+    int32_t            one;
+
+    for (int mode = 0; mode < 2; mode++) {
+        int64_t n = tokenizer_encode(tk, text, len, mode, mode, &one, 1,
+                                     NULL);
+        int64_t least = prompt_bound_tokens(&b,
+                                            prompt_bound_bytes(&b, text, len));
+
+        if (n < least) {
+            print_error("%s: '%.40s' (%zu bytes, special %d): %" PRId64
+                        " tokens, bound %" PRId64 "\n", name, text, len, mode,
+                        n, least);
+            return false;
+        }
+    }
+    return true;
+}
+
+static void test_text_bound(void **state) {
+    Ref        *r = *state;
+    PromptBound b;
+    int         bad = 0;
+
+    /* vocabularies that can drop bytes have no bound */
+    static const char *none[] = { "falcon", "mpt", "starcoder", "refact" };
+
+    for (int i = 0; i < N_VOCABS; i++) {
+        bool lossy = false;
+
+        for (size_t k = 0; k < sizeof(none) / sizeof(none[0]); k++) {
+            lossy |= strcmp(vector_vocabs[i], none[k]) == 0;
+        }
+        tokenizer_text_bound(r->v[i].tk, &b.max_piece, &b.ws_free);
+        print_message("# %s: max_piece %u%s\n", vector_vocabs[i],
+                      b.max_piece, b.ws_free ? ", whitespace free" : "");
+        assert_true(lossy ? b.max_piece == 0 : b.max_piece > 0);
+        assert_int_equal(b.ws_free, strcmp(vector_vocabs[i], "phi-3") == 0);
+        bad += each_text(r->v[i].tk, &b, vector_vocabs[i], r->src,
+                         bound_holds);
+    }
+    tokenizer_text_bound(stories(state), &b.max_piece, &b.ws_free);
+    assert_int_equal(b.max_piece, 9);
+    assert_false(b.ws_free);
+    bad += each_text(stories(state), &b, "llama-spm", r->src, bound_holds);
+    assert_int_equal(bad, 0);
+}
+
+/* Phi-3's strip attributes are why ws_free exists: counting whitespace
+ * there would refuse a prompt that fits. */
+static void test_text_bound_strip(void **state) {
+    const Tokenizer *tk = vocab(state, "phi-3");
+    PromptBound      b;
+    size_t           len = 100000;
+    char            *text = malloc(len);
+    int32_t          one;
+    int64_t          n;
+
+    assert_non_null(text);
+    memcpy(text, "<|user|>", 8);
+    memset(text + 8, ' ', len - 10);
+    memcpy(text + len - 2, "hi", 2);
+    tokenizer_text_bound(tk, &b.max_piece, &b.ws_free);
+    n = tokenizer_encode(tk, text, len, true, true, &one, 1, NULL);
+    assert_true(n < 8);
+    b.ws_free = false;
+    assert_true(prompt_bound_tokens(&b, prompt_bound_bytes(&b, text, len))
+                > n);
+    free(text);
+}
+
+static bool upto_agrees(const Tokenizer *tk, const void *ctx,
+                        const char *name, const char *text, size_t len)
+{
+    int32_t *all = malloc((len + 4) * sizeof(int32_t));
+    int32_t *some = malloc((len + 4) * sizeof(int32_t));
+    int64_t  n = tokenizer_encode(tk, text, len, true, true, all,
+                                  (int64_t) len + 4, NULL);
+    int64_t  caps[] = { 0, 1, n / 2, n - 1, n };
+    bool     ok = n >= 0;
+
+    for (size_t i = 0; ok && i < sizeof(caps) / sizeof(caps[0]); i++) {
+        int64_t cap = caps[i] < 0 ? 0 : caps[i];
+        int64_t k = tokenizer_encode_upto(tk, text, len, true, true, some,
+                                          cap, NULL);
+
+        ok = k == (n <= cap ? n : cap + 1)
+             && memcmp(some, all, (size_t) (k <= cap ? k : cap) * 4) == 0;
+        if (!ok) {
+            print_error("%s: '%.40s' cap %" PRId64 ": %" PRId64 " of %"
+                        PRId64 "\n", name, text, cap, k, n);
+        }
+    }
+    free(all);
+    free(some);
+    return ok;
+}
+
+static void test_encode_upto(void **state) {
+    Ref *r = *state;
+    int  bad = 0;
+
+    for (int i = 0; i < N_VOCABS; i++) {
+        bad += each_text(r->v[i].tk, NULL, vector_vocabs[i], r->src,
+                         upto_agrees);
+    }
+    bad += each_text(stories(state), NULL, "llama-spm", r->src, upto_agrees);
+    assert_int_equal(bad, 0);
+}
+
+
 /* ---- Errors ------------------------------------------------------------ */
 
 /* A GGUF holding only tokenizer.ggml.model and, when pre is set,
@@ -621,6 +804,9 @@ int main(void) {
         cmocka_unit_test(test_detok_invalid),
         cmocka_unit_test(test_eog),
         cmocka_unit_test(test_long_round_trip),
+        cmocka_unit_test(test_text_bound),
+        cmocka_unit_test(test_text_bound_strip),
+        cmocka_unit_test(test_encode_upto),
         cmocka_unit_test(test_unsupported),
     };
 
