@@ -145,7 +145,7 @@ $(BUILD)/bench/loadgen: bench/loadgen.c
 # Debian packages: build, then tests. `make deps` installs only what is
 # missing, so it is quick on a machine that has them.
 BUILD_PKGS := gcc make libpcre2-dev libyajl-dev nginx nginx-dev
-TEST_PKGS  := libcmocka-dev clang libclang-rt-14-dev perl git ca-certificates \
+TEST_PKGS  := libcmocka-dev clang libclang-rt-14-dev perl git ca-certificates curl \
               nginx nginx-dev nodejs $(if $(shell command -v npm),,npm)
 BENCH_PKGS := cmake g++ git ca-certificates $(if $(shell command -v npm),,npm)
 
