@@ -2,9 +2,8 @@
 # and running omni-engine with its stdout, stderr and exit status captured.
 use strict;
 use warnings;
-use File::Temp qw(tempdir);
-use IPC::Open3;
-use Symbol qw(gensym);
+use File::Temp qw(tempdir tempfile);
+use POSIX ();
 
 our $ENGINE = $ENV{OMNI_ENGINE} // 'build/omni-engine';
 our $MODEL  = $ENV{OMNI_MODEL}  // '../shared/models/stories260K.gguf';
@@ -22,17 +21,30 @@ die "$MODEL is missing (see ../shared/models/README.md)\n" unless -f $MODEL;
           $ENV{OMNI_ISA} || 'auto', ")\n";
 }
 
-# run(@args) -> (exit status, stdout, stderr)
+# run(@args) -> (exit status, stdout, stderr). Both outputs go to files, so
+# a child that writes a lot to one while the other is unread cannot block.
 sub run_engine {
     my @args = @_;
-    my $err = gensym;
-    my $pid = open3(my $in, my $out, $err, $ENGINE, @args);
-    close $in;
-    local $/;
-    my $o = <$out> // '';
-    my $e = <$err> // '';
+    my ($ofh, $ofile) = tempfile(DIR => $TMP);
+    my ($efh, $efile) = tempfile(DIR => $TMP);
+    my $pid = fork() // die "fork: $!\n";
+    if ($pid == 0) {
+        open(STDIN, '<', '/dev/null');
+        open(STDOUT, '>&', $ofh);
+        open(STDERR, '>&', $efh);
+        exec($ENGINE, @args) or POSIX::_exit(127);
+    }
     waitpid($pid, 0);
-    return ($? >> 8, $o, $e);
+    my $rc = $? >> 8;
+    local $/;
+    seek($ofh, 0, 0);
+    seek($efh, 0, 0);
+    my $o = <$ofh> // '';
+    my $e = <$efh> // '';
+    close $ofh;
+    close $efh;
+    unlink $ofile, $efile;
+    return ($rc, $o, $e);
 }
 
 # The llama.cpp checkout the tests read vectors from (t/fetch-llama-src).
