@@ -16,7 +16,7 @@ BEGIN { $t::lib::Omni::NoEngine = 1 }       # the module starts ours
 use t::lib::Omni ();                        # its environment, --- check
 use Test::Nginx::Socket 'no_plan';
 use Cwd qw(abs_path);
-use Fcntl qw(F_GETLK F_WRLCK F_UNLCK SEEK_SET O_RDONLY);
+use t::lib::Proc qw(lock_holder alive children wait_for);
 use Time::HiRes qw(time sleep);
 our ($ENGINE, $MODEL);
 
@@ -56,39 +56,7 @@ our $Completion = "POST /v1/completions\n" . encode_json({
     max_tokens => 4, temperature => 0 });
 
 # The pid holding the engine's lock, 0 if none.
-sub holder {
-    my $lock = shift // "$State/engine.lock";
-    sysopen(my $fh, $lock, O_RDONLY) or return 0;
-    my $fl = pack('s s x4 q q i x4', F_WRLCK, SEEK_SET, 0, 0, 0);
-    fcntl($fh, F_GETLK, $fl) or return 0;
-    my ($type, undef, undef, undef, $pid) = unpack('s s x4 q q i x4', $fl);
-    return $type == F_UNLCK ? 0 : $pid;
-}
-
-# A process that exists and is not a zombie waiting for init to reap it.
-sub alive {
-    my $pid = shift;
-    open(my $fh, '<', "/proc/$pid/stat") or return 0;
-    my $stat = <$fh> // '';
-    return $stat !~ /^\d+ \(.*\) Z /s;
-}
-
-sub children {
-    my $pid = shift;
-    open(my $fh, '<', "/proc/$pid/task/$pid/children") or return ();
-    return split ' ', (<$fh> // '');
-}
-
-# Polls $cond every 50 ms for up to $timeout s; returns its last value.
-sub wait_for {
-    my ($timeout, $cond) = @_;
-    my $until = time + $timeout;
-    my $v;
-    until (($v = $cond->()) || time > $until) {
-        sleep 0.05;
-    }
-    return $v;
-}
+sub holder { return lock_holder(shift // "$State/engine.lock") }
 
 # Waits for an engine whose health is 200; returns its pid.
 sub ready {

@@ -34,6 +34,7 @@ use POSIX qw(WNOHANG);
 use Test::More;
 use Time::HiRes qw(time sleep);
 use t::lib::OmniServer qw(free_port http_get);
+use t::lib::Proc qw(lock_holder alive children wait_for);
 our ($ENGINE, $MODEL);
 
 my $loadgen = 'build/bench/loadgen';
@@ -125,35 +126,7 @@ sub write_conf {
 
 # --- helpers ----------------------------------------------------------------
 
-sub holder {
-    my $lock = shift // "$state/engine.lock";
-    sysopen(my $l, $lock, 0) or return 0;
-    my $fl = pack('s s x4 q q i x4', 1, 0, 0, 0, 0);     # F_WRLCK, SEEK_SET
-    fcntl($l, 5, $fl) or return 0;                        # F_GETLK
-    my ($type, undef, undef, undef, $pid) = unpack('s s x4 q q i x4', $fl);
-    return $type == 2 ? 0 : $pid;                         # F_UNLCK
-}
-
-sub alive {
-    my $pid = shift;
-    my $stat = slurp("/proc/$pid/stat");
-    return length($stat) && $stat !~ /^\d+ \(.*\) Z /s;
-}
-
-sub children {
-    my $pid = shift;
-    return split ' ', slurp("/proc/$pid/task/$pid/children");
-}
-
-sub wait_for {
-    my ($timeout, $cond) = @_;
-    my $until = time + $timeout;
-    my $v;
-    until (($v = $cond->()) || time > $until) {
-        sleep 0.05;
-    }
-    return $v;
-}
+sub holder { return lock_holder(shift // "$state/engine.lock") }
 
 my $log_from = 0;
 sub error_log { return slurp("$prefix/logs/error.log") }

@@ -22,29 +22,13 @@ use JSON::PP;
 use Socket qw(SOCK_STREAM);
 use Test::More;
 use Time::HiRes qw(time sleep);
+use t::lib::Proc qw(lock_holder wait_for);
 require './t/engine/proto.pl';
 our ($ENGINE, $MODEL, $TMP, %F);
 
 my $PROMPT = 'Once upon a time';
 
-sub holder {
-    my $lock = shift;
-    sysopen(my $l, $lock, 0) or return 0;
-    my $fl = pack('s s x4 q q i x4', 1, 0, 0, 0, 0);     # F_WRLCK, SEEK_SET
-    fcntl($l, 5, $fl) or return 0;                        # F_GETLK
-    my ($type, undef, undef, undef, $pid) = unpack('s s x4 q q i x4', $fl);
-    return $type == 2 ? 0 : $pid;                         # F_UNLCK
-}
-
-sub wait_for {
-    my ($timeout, $cond) = @_;
-    my $until = time + $timeout;
-    my $v;
-    until (($v = $cond->()) || time > $until) {
-        sleep 0.02;
-    }
-    return $v;
-}
+sub holder { return lock_holder(shift) }
 
 # Connects n clients to path and sends each a REQUEST; returns the sockets.
 sub queue_requests {
