@@ -616,13 +616,13 @@ static void parse_job_run(WorkJob *w) {
  * when the prompt bound says the prompt cannot fit. */
 static bool prompt_too_long(Frontend *fe, Conn *c, const Parsed *p) {
     int64_t least = prompt_bound_tokens(&fe->bound, p->bytes);
-    char    msg[160];
+    const char *param = p->req.chat ? "messages" : "prompt";
+    char        msg[200];
 
     if (fe->bound.max_piece == 0 || least < fe->max_model_len) return false;
     snprintf(msg, sizeof(msg), PROMPT_TOO_LONG_FMT, fe->max_model_len,
-             "at least ", least);
-    conn_error(fe, c, 400, p->req.chat ? "messages" : "prompt",
-               "context_length_exceeded", msg);
+             param, "at least ", least, param);
+    conn_error(fe, c, 400, param, "context_length_exceeded", msg);
     return true;
 }
 

@@ -366,7 +366,7 @@ static int queued_params(Scheduler *s, Queued *w, uint64_t id,
 static int check_prompt(Scheduler *s, uint64_t id, int64_t n,
                         const char *param)
 {
-    char msg[160];
+    char msg[200];
 
     if (n <= 0) {
         emit_error(s, id, 400, "invalid_request_error", param, NULL,
@@ -374,8 +374,8 @@ static int check_prompt(Scheduler *s, uint64_t id, int64_t n,
         return -1;
     }
     if (n >= s->cfg.max_ctx) {
-        snprintf(msg, sizeof(msg), PROMPT_TOO_LONG_FMT, s->cfg.max_ctx, "",
-                 n);
+        snprintf(msg, sizeof(msg), PROMPT_TOO_LONG_FMT, s->cfg.max_ctx, param,
+                 "", n, param);
         emit_error(s, id, 400, "invalid_request_error", param,
                    "context_length_exceeded", msg);
         return -1;

@@ -127,8 +127,11 @@ typedef struct {
     bool     ws_free;       // whitespace may cost no token: not counted
 } PromptBound;
 
-#define PROMPT_TOO_LONG_FMT "this model's maximum context length is %" \
-    PRId64 " tokens, but the prompt has %s%" PRId64 " tokens"
+/* OpenAI's words; the arguments: the context, the param ("messages" or
+ * "prompt"), "" or "at least ", the prompt's tokens, the param again. */
+#define PROMPT_TOO_LONG_FMT "This model's maximum context length is %" \
+    PRId64 " tokens. However, your %s resulted in %s%" PRId64 " tokens. " \
+    "Please reduce the length of the %s."
 
 static inline bool prompt_bound_space(char c) {     // C isspace, "C" locale
     return c == ' ' || (c >= '\t' && c <= '\r');

@@ -277,8 +277,8 @@ static void prep_tokens(const Thinker *t, Prep *p) {
     }
     if (n >= t->ctx) {
         prep_fail(p, 400, param, "context_length_exceeded",
-                  PROMPT_TOO_LONG_FMT, t->ctx, at_least ? "at least " : "",
-                  n);
+                  PROMPT_TOO_LONG_FMT, t->ctx, param,
+                  at_least ? "at least " : "", n, param);
         return;
     }
     p->n = n;

@@ -91,7 +91,7 @@ __DATA__
 --- check
 error_is($json, 'invalid_request_error', 'messages',
          'context_length_exceeded', $name);
-like($json->{error}{message}, qr/but the prompt has at least \d+ tokens/,
+like($json->{error}{message}, qr/However, your messages resulted in at least \d+ tokens\. Please reduce the length of the messages\./,
      "$name: refused from the bound, not tokenized");
 --- no_error_log
 [error]

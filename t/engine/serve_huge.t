@@ -30,8 +30,9 @@ sub refused {
     is($e->{code}, 'context_length_exceeded', "$name: context_length_"
        . 'exceeded');
     is($e->{param}, $param, "$name: param $param");
-    like($e->{message} // '', qr/maximum context length is $CTX tokens, (?#
-         )but the prompt has (at least )?\d+ tokens/, "$name: message");
+    like($e->{message} // '', qr/^This model's maximum context length is $CTX tokens\. (?#
+         )However, your (messages|prompt) resulted in (at least )?\d+ (?#
+         )tokens\. Please reduce the length of the \1\.$/, "$name: message");
     return $e->{message} // '';
 }
 
