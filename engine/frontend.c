@@ -5,7 +5,8 @@
  * One thread, one epoll loop, every descriptor non-blocking. Sources:
  *
  *   listener        accept; paused for a moment when descriptors run out
- *   signalfd        SIGCHLD (reap the stage), SIGTERM/SIGINT (shut down)
+ *   signalfd        SIGCHLD (reap the stage), SIGTERM/SIGINT (shut down),
+ *                   SIGUSR2 (a candidate gives up its replacement)
  *   stage channel   frames from the thinker: READY, STARTED, EVENT
  *   stage stderr    copied to ours; its last line explains a failed start
  *   connections     one per request or control exchange
@@ -231,7 +232,10 @@ typedef struct {
     Metrics      metrics;
     Phase        phase;
     double       drain_until;
-    double       stop_kill_at;
+    double       stop_kill_at;  // the stage is killed then; INFINITY once
+                                //   it was
+    double       clients_until; // FINISH waits this long for clients to
+                                //   take their last bytes
 } Frontend;
 
 /* Sets fd's epoll interest to events, adding fd when it is not in the set
@@ -596,9 +600,15 @@ static void parse_request(const char *json, size_t len, const PromptBound *b,
     p->rc = request_parse(&p->req, json, len, &p->e);
     if (p->rc != 0 || b->max_piece == 0) return;
     if (!r->chat) p->bytes = prompt_bound_bytes(b, r->prompt, r->prompt_len);
+    /* system messages are not counted: a template may drop some (Gemma's
+       drops those after the last user turn), and the bound must stay a
+       lower bound; the thinker counts the rendered prompt */
     for (int i = 0; r->chat && i < r->n_msgs; i++) {
         const char *s = r->msgs[i].content;
-        size_t      n = strlen(s);
+        size_t      n;
+
+        if (strcmp(r->msgs[i].role, "system") == 0) continue;
+        n = strlen(s);
 
         while (n > 0 && prompt_bound_space(*s)) s++, n--;
         while (n > 0 && prompt_bound_space(s[n - 1])) n--;
@@ -1322,13 +1332,16 @@ static void listen_backlog(Frontend *fe) {
 
 /* ---- Shutdown and signals ----------------------------------------------- */
 
-/* A request still on the parse thread is in flight too: a drain waits for
- * it as for a submitted one. */
-static bool any_parsing(const Frontend *fe) {
+/* Nothing in flight: no request at the stage, none on the parse thread,
+ * none still arriving (a client that connected before the socket file
+ * went, or before our replacement took it, may still be writing a large
+ * frame; the read timeout bounds the wait for it). */
+static bool drained(const Frontend *fe) {
+    if (fe->n_active > 0 || fe->rhead != NULL) return false;
     for (const Conn *c = fe->conns; c != NULL; c = c->next) {
-        if (c->fd >= 0 && c->state == CONN_PARSING) return true;
+        if (c->fd >= 0 && c->state == CONN_PARSING) return false;
     }
-    return false;
+    return true;
 }
 
 /* Ends what is still running; connections that never sent their frame
@@ -1347,6 +1360,7 @@ static void finish_begin(Frontend *fe) {
         }
     }
     fe->stop_kill_at = clock_now_s() + STOP_KILL_S;
+    fe->clients_until = fe->stop_kill_at;
     stage_channel_closed(fe);           // the stage exits on EOF
     fe->gone_kill_at = INFINITY;        // stop_kill_at governs now
 }
@@ -1374,6 +1388,16 @@ static void on_signal(Frontend *fe) {
     while (read(fe->sfd, &si, sizeof(si)) == sizeof(si)) {
         if (si.ssi_signo == SIGCHLD) {
             if (sup_reap(&fe->sp)) stage_died(fe);
+        } else if (si.ssi_signo == SIGUSR2) {
+            /* "give up the replacement": the loop handles signals and the
+               takeover one at a time, so a candidate that gets it never
+               takes over, and an engine that took over first ignores it */
+            if (fe->candidate) {
+                stop_begin(fe, "told to give up the replacement");
+            } else {
+                log_msg(LOG_INFO, "SIGUSR2 ignored: this engine is live, "
+                        "not a candidate");
+            }
         } else {
             stop_begin(fe, strsignal((int) si.ssi_signo));
         }
@@ -1392,6 +1416,7 @@ static int signals_open(Frontend *fe, Err *err) {
     sigaddset(&set, SIGCHLD);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGUSR2);
     if (sigprocmask(SIG_BLOCK, &set, NULL) != 0) {
         return err_set(err, "sigprocmask: %s", strerror(errno));
     }
@@ -1413,6 +1438,10 @@ static int next_timeout(const Frontend *fe) {
     if (fe->listen_paused) next = fmin(next, fe->listen_resume);
     if (fe->phase == PHASE_DRAIN) next = fmin(next, fe->drain_until);
     if (fe->phase == PHASE_FINISH) next = fmin(next, fe->stop_kill_at);
+    if (fe->phase == PHASE_FINISH && fe->n_conns > 0 && t < fe->clients_until)
+    {
+        next = fmin(next, fe->clients_until);
+    }
     if (fe->rhead != NULL) {
         next = fmin(next, fe->rhead->t_accept + fe->cfg->read_timeout_s);
     }
@@ -1447,9 +1476,11 @@ static void run_timers(Frontend *fe) {
         conn_error(fe, fe->rhead, 408, NULL, "request_timeout", why);
     }
     if (fe->phase == PHASE_DRAIN) {
-        listen_backlog(fe);
-        if ((fe->n_active == 0 && !any_parsing(fe)) || t >= fe->drain_until) {
+        if (t >= fe->drain_until) {
             finish_begin(fe);
+        } else if (drained(fe)) {
+            listen_backlog(fe);         // what is queued is served too
+            if (drained(fe)) finish_begin(fe);
         }
     }
     if (fe->phase == PHASE_FINISH && fe->sp.pid > 0 && t >= fe->stop_kill_at)
@@ -1460,11 +1491,11 @@ static void run_timers(Frontend *fe) {
 }
 
 /* Done once the stage is reaped and every client has its last bytes, or
- * the kill deadline passed for the clients (a client that does not read
- * its error does not hold up the exit). */
+ * the deadline passed for the clients (a client that does not read its
+ * error does not hold up the exit). */
 static bool finished(const Frontend *fe) {
     return fe->phase == PHASE_FINISH && fe->sp.pid == 0
-           && (fe->n_conns == 0 || clock_now_s() >= fe->stop_kill_at);
+           && (fe->n_conns == 0 || clock_now_s() >= fe->clients_until);
 }
 
 static void dispatch(Frontend *fe, struct epoll_event *ev) {

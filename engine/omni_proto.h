@@ -54,7 +54,10 @@
 #include <stdint.h>
 #include <string.h>
 
-#define OMNI_PROTO_VERSION  1
+/* 2: DONE carries the seed (24 bytes, was 16). A module and an engine of
+ * different versions refuse each other's frames by name instead of
+ * misreading them (a binary upgrade keeps the old engine running). */
+#define OMNI_PROTO_VERSION  2
 #define OMNI_FRAME_HDR      8
 
 /* Limits on payload lengths, checked before anything is allocated. */

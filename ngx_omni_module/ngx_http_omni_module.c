@@ -44,6 +44,8 @@ static ngx_int_t ngx_http_omni_auth(ngx_http_request_t *r,
 static ngx_int_t ngx_http_omni_unauthorized(ngx_http_request_t *r,
     ngx_http_omni_error_t *err, char *message, char *code);
 static ngx_uint_t ngx_http_omni_key_equal(ngx_str_t *token, ngx_str_t *key);
+static ngx_int_t ngx_http_omni_too_large(ngx_http_request_t *r, off_t len,
+    ngx_http_omni_error_t *err);
 static void ngx_http_omni_body_handler(ngx_http_request_t *r);
 static ngx_int_t ngx_http_omni_read_body(ngx_http_request_t *r,
     ngx_str_t *body, ngx_http_omni_error_t *err);
@@ -464,6 +466,12 @@ ngx_http_omni_check(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
         return rc;
     }
 
+    if (r->headers_in.content_length_n > NGX_HTTP_OMNI_MAX_BODY) {
+        /* refused before a byte of it is read (or written to a file) */
+        return ngx_http_omni_too_large(r, r->headers_in.content_length_n,
+                                       err);
+    }
+
     if (ctx->endpoint == NGX_HTTP_OMNI_SPEECH) {
         err->status = NGX_HTTP_NOT_IMPLEMENTED;
         ngx_str_set(&err->type, "invalid_request_error");
@@ -586,6 +594,24 @@ ngx_http_omni_unauthorized(ngx_http_request_t *r, ngx_http_omni_error_t *err,
 }
 
 
+/* A body over NGX_HTTP_OMNI_MAX_BODY: 413, so that what a request holds in
+ * memory stays bounded even with client_max_body_size 0. */
+
+static ngx_int_t
+ngx_http_omni_too_large(ngx_http_request_t *r, off_t len,
+    ngx_http_omni_error_t *err)
+{
+    ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                  "client sent too large omni request body: %O bytes", len);
+
+    err->status = NGX_HTTP_REQUEST_ENTITY_TOO_LARGE;
+    ngx_str_set(&err->type, "invalid_request_error");
+    ngx_str_set(&err->message, "The request body is too large.");
+
+    return NGX_DECLINED;
+}
+
+
 static ngx_uint_t
 ngx_http_omni_key_equal(ngx_str_t *token, ngx_str_t *key)
 {
@@ -698,14 +724,8 @@ ngx_http_omni_read_body(ngx_http_request_t *r, ngx_str_t *body,
     }
 
     if (len > NGX_HTTP_OMNI_MAX_BODY) {
-        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
-                      "client sent too large omni request body: %O bytes",
-                      len);
-
-        err->status = NGX_HTTP_REQUEST_ENTITY_TOO_LARGE;
-        ngx_str_set(&err->type, "invalid_request_error");
-        ngx_str_set(&err->message, "The request body is too large.");
-        return NGX_DECLINED;
+        /* a chunked body: its size is known only now */
+        return ngx_http_omni_too_large(r, len, err);
     }
 
     cl = r->request_body->bufs;

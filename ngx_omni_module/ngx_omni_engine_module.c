@@ -105,7 +105,9 @@ typedef struct {
     ngx_pid_t         spawned;      /* started (or adopted), not live yet */
     ngx_pid_t         replacing;    /* the live engine it is to replace,
                                        0 for a plain start */
-    ngx_pid_t         stopping;     /* given up on, sent SIGTERM */
+    ngx_pid_t         stopping;     /* given up on, sent SIGTERM (SIGUSR2
+                                       while a candidate) */
+    ngx_uint_t        stopping_candidate;
     ngx_msec_t        started;      /* when "spawned" started */
     ngx_msec_t        stop_at;      /* SIGKILL for "stopping" then */
     ngx_msec_t        retry_at;     /* no plain start before */
@@ -133,7 +135,7 @@ static void ngx_omni_engine_converge(ngx_cycle_t *cycle,
 static void ngx_omni_engine_adopt(ngx_cycle_t *cycle,
     ngx_omni_engine_conf_t *oecf, ngx_pid_t pid, ngx_pid_t live);
 static void ngx_omni_engine_stop(ngx_cycle_t *cycle,
-    ngx_omni_engine_conf_t *oecf, ngx_pid_t pid);
+    ngx_omni_engine_conf_t *oecf, ngx_pid_t pid, ngx_uint_t candidate);
 static void ngx_omni_engine_reap(ngx_cycle_t *cycle,
     ngx_omni_engine_conf_t *oecf);
 static ngx_int_t ngx_omni_engine_build(ngx_cycle_t *cycle,
@@ -239,6 +241,7 @@ ngx_omni_engine_create_conf(ngx_cycle_t *cycle)
      *     oecf->spawned = 0;
      *     oecf->replacing = 0;
      *     oecf->stopping = 0;
+     *     oecf->stopping_candidate = 0;
      *     oecf->started = 0;
      *     oecf->retry_at = 0;
      *     oecf->backoff = 0;
@@ -564,7 +567,7 @@ ngx_omni_engine_manager(void *data)
             ngx_log_error(NGX_LOG_NOTICE, cycle->log, 0,
                           "omni engine (pid %P) was started for another "
                           "command line, stopping it", oecf->spawned);
-            ngx_omni_engine_stop(cycle, oecf, oecf->spawned);
+            ngx_omni_engine_stop(cycle, oecf, oecf->spawned, 1);
             oecf->spawned = 0;
         }
 
@@ -681,7 +684,7 @@ ngx_omni_engine_watch(ngx_cycle_t *cycle, ngx_omni_engine_conf_t *oecf,
     }
 
     if (alive) {
-        ngx_omni_engine_stop(cycle, oecf, pid);
+        ngx_omni_engine_stop(cycle, oecf, pid, old != 0);
     }
 
     if (old) {
@@ -802,7 +805,7 @@ ngx_omni_engine_adopt(ngx_cycle_t *cycle, ngx_omni_engine_conf_t *oecf,
         ngx_log_error(NGX_LOG_NOTICE, cycle->log, 0,
                       "omni engine (pid %P) was started for another "
                       "command line, stopping it", pid);
-        ngx_omni_engine_stop(cycle, oecf, pid);
+        ngx_omni_engine_stop(cycle, oecf, pid, 1);
         return;
     }
 
@@ -826,17 +829,33 @@ ngx_omni_engine_adopt(ngx_cycle_t *cycle, ngx_omni_engine_conf_t *oecf,
 }
 
 
+/*
+ * A candidate (a replacement not yet live) gets SIGUSR2, which an engine
+ * obeys only while it is one: it may take over between our last look at
+ * engine.lock and this kill(), and SIGTERM would then stop the engine that
+ * just became the only one serving.  The engine handles the signal and
+ * its takeover in one loop, so either it gives up and never takes over,
+ * or it took over first and ignores the signal (ngx_omni_engine_reap()
+ * then sees it holding engine.lock and lets it be).
+ */
+
 static void
 ngx_omni_engine_stop(ngx_cycle_t *cycle, ngx_omni_engine_conf_t *oecf,
-    ngx_pid_t pid)
+    ngx_pid_t pid, ngx_uint_t candidate)
 {
-    if (kill(pid, SIGTERM) == -1) {
+    int  sig;
+
+    sig = candidate ? SIGUSR2 : SIGTERM;
+
+    if (kill(pid, sig) == -1) {
         ngx_log_error(NGX_LOG_ALERT, cycle->log, ngx_errno,
-                      "kill(%P, SIGTERM) failed", pid);
+                      "kill(%P, %s) failed", pid,
+                      candidate ? "SIGUSR2" : "SIGTERM");
         return;
     }
 
     oecf->stopping = pid;
+    oecf->stopping_candidate = candidate;
     oecf->stop_at = ngx_current_msec + NGX_OMNI_ENGINE_KILL_WAIT;
 }
 
@@ -847,6 +866,16 @@ static void
 ngx_omni_engine_reap(ngx_cycle_t *cycle, ngx_omni_engine_conf_t *oecf)
 {
     if (!ngx_omni_engine_alive(oecf->stopping)) {
+        oecf->stopping = 0;
+        return;
+    }
+
+    if (oecf->stopping_candidate
+        && ngx_omni_engine_holder(oecf->lock_file) == oecf->stopping)
+    {
+        ngx_log_error(NGX_LOG_NOTICE, cycle->log, 0,
+                      "omni engine (pid %P) took over before it could be "
+                      "stopped; it is the live engine now", oecf->stopping);
         oecf->stopping = 0;
         return;
     }

@@ -677,6 +677,15 @@ for my $framing ('cl', 'chunked') {
     error_is($j, 'invalid_request_error', undef, undef, "$name ($framing)");
     like($j->{error}{message}, qr/too large/, "$name ($framing): says so");
 }
+# A Content-Length over 16 MB is refused from the header: the answer comes
+# though not one byte of the gigabyte it announces is sent.
+my $raw = t::lib::RawHttp::raw_exchange($::Port, [t::lib::RawHttp::http_request(
+    method => 'POST', target => '/v1/chat/completions',
+    headers => ['Content-Type: application/json',
+                'Content-Length: ' . (1 << 30)])],
+    timeout => 10, until => sub { $_[0] =~ /\r\n\r\n.*\}/s });
+@r = t::lib::RawHttp::http_responses($raw);
+is($r[0]{status}, 413, "$name: 1 GB announced, nothing sent: 413 at once");
 --- error_log
 client sent too large omni request body
 --- no_error_log

@@ -24,14 +24,22 @@ our %F = (REQUEST => 1, HEALTH => 2, MODELS => 3, METRICS => 4, TEXT => 16,
           MODELS_R => 21, METRICS_R => 22);
 our @FINISH = ('stop', 'length');
 
+# OMNI_PROTO_VERSION, read from the header both sides include.
+our $VERSION = do {
+    open(my $h, '<', 'engine/omni_proto.h') or die "engine/omni_proto.h: $!\n";
+    my ($v) = join('', <$h>) =~ /#define OMNI_PROTO_VERSION\s+(\d+)/;
+    $v // die "no OMNI_PROTO_VERSION in engine/omni_proto.h\n";
+};
+
 my $n_servers = 0;
 
-# frame(type, payload, version => 1, flags => 0, len => length(payload))
+# frame(type, payload, version => $VERSION, flags => 0,
+#       len => length(payload))
 sub frame {
     my ($type, $payload, %o) = @_;
     $payload //= '';
     return pack('V C C v', $o{len} // length($payload), $type,
-                $o{version} // 1, $o{flags} // 0) . $payload;
+                $o{version} // $VERSION, $o{flags} // 0) . $payload;
 }
 
 # Starts `omni-engine serve` on a fresh socket with the model and one

@@ -11,8 +11,10 @@
 #     its own) in place, serves what was queued on it and its stream in
 #     flight, and exits 0.
 #   - a second --replace while one is starting is refused; a candidate
-#     stopped before it is ready removes its private socket and leaves the
-#     live engine alone; --replace needs --lock-file; the socket is 0660.
+#     stopped before it is ready (SIGTERM, or SIGUSR2, which a live engine
+#     ignores) removes its private socket and leaves the live engine alone;
+#     --replace needs --lock-file; the socket is 0660.
+#   - a drain waits for a request frame still arriving when SIGTERM comes.
 use strict;
 use warnings;
 use lib '.';
@@ -156,13 +158,55 @@ my $short = { prompt => $PROMPT, max_tokens => 8, temperature => 0 };
     is_deeply([health({ socket => $sock })], [200, 'ready'],
               'and keeps serving');
 
+    # SIGUSR2, "give up the replacement" (nginx stops candidates with it,
+    # so a stop that crosses a takeover cannot reach the live engine): a
+    # candidate obeys, a live engine ignores it
+    $cand = serve_start(socket => $sock, model => "$TMP/missing.gguf",
+                        no_wait => 1,
+                        args => ['--lock-file', $lock, '--replace']);
+    ok(wait_for(30, sub { holder("$lock.next") == $cand->{pid} }),
+       'SIGUSR2: a candidate is starting');
+    kill 'USR2', $cand->{pid};
+    is(serve_wait($cand, 30), 0, 'SIGUSR2: the candidate exits 0');
+    like(slurp($cand->{log}), qr/told to give up the replacement/,
+         'SIGUSR2: its log says why');
+    ok(!-e "$sock.next", 'SIGUSR2: its private socket is gone');
+    kill 'USR2', $new->{pid};
+    sleep 0.3;
+    is_deeply([health({ socket => $sock })], [200, 'ready'],
+              'SIGUSR2: the live engine ignores it and keeps serving');
+    like(slurp($new->{log}), qr/SIGUSR2 ignored: this engine is live/,
+         'SIGUSR2: the live engine logs that it ignored it');
+    is(holder($lock), $new->{pid}, 'SIGUSR2: it keeps the lock');
+
+    local $SIG{PIPE} = 'IGNORE';     # a closed socket fails the write below
+    # a drain waits for a request still arriving: half a frame is on the
+    # socket when SIGTERM comes, the rest after; it is answered in full
+    my $half = IO::Socket::UNIX->new(Type => SOCK_STREAM, Peer => $sock)
+        or die "connect $sock: $!";
+    my $f = frame($F{REQUEST}, encode_json({ %$short,
+                                             user => 'x' x 300000 }));
+    my $cut = int(length($f) / 2);
+    $half->syswrite(substr($f, 0, $cut)) == $cut or die "short write";
+    sleep 0.3;                          # the engine has read the half
+    kill 'TERM', $new->{pid};
+    sleep 0.5;                          # it is draining now
+    my $rest = substr($f, $cut);
+    while (length $rest) {
+        my $n = $half->syswrite($rest) // die "write: $!";
+        substr($rest, 0, $n) = '';
+    }
+    my ($r2) = read_replies($half);
+    ok($r2->{done}, 'drain: a frame that arrives while draining is served')
+        or diag explain $r2->{error} // { reset => $r2->{reset} };
+    is(serve_wait($new, 30), 0, 'drain: then the engine exits 0');
+    ok(!-e $sock, 'drain: and removes the socket, its own');
+
     ($rc, undef, $err) = run_engine('serve', '--model', $MODEL,
         '--socket', "$TMP/x.sock", '--replace');
     is($rc, 1, '--replace without --lock-file exits 1');
     like($err, qr/'--replace' needs '--lock-file'/, 'saying why');
 
-    is(serve_stop($new, 30), 0, 'the new engine stops');
-    ok(!-e $sock, 'and removes the socket, its own');
 }
 
 done_testing();

@@ -8,7 +8,7 @@ use IO::Socket::UNIX;
 use JSON::PP;
 use Time::HiRes qw(time sleep);
 require './t/engine/proto.pl';
-our ($ENGINE, $MODEL, $TMP, %F);
+our ($ENGINE, $MODEL, $TMP, %F, $VERSION);
 
 my $PROMPT = 'Once upon a time';
 
@@ -103,7 +103,7 @@ my $srv = serve_start(args => ['--read-timeout', 2]);
 {
     my $req = frame($F{REQUEST}, encode_json({ prompt => 'x' }));
     my @bad = (
-        ['bad version', frame($F{REQUEST}, '{}', version => 2),
+        ['bad version', frame($F{REQUEST}, '{}', version => $VERSION + 1),
          qr/version/],
         ['nonzero flags', frame($F{REQUEST}, '{}', flags => 1),
          qr/flags/],

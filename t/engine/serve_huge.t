@@ -58,9 +58,15 @@ ok(length($HUGE) >= 900 * 1024, 'the huge prompt is ' . length($HUGE)
             'messages', 'huge whitespace message (the thinker refuses it)');
     refused(request($srv, { prompt => "$SHORT " x 200 }), 'prompt',
             'prompt over the context, under the bound (tokenized)');
+    # a template may drop system messages, so the frontend does not count
+    # them; the thinker refuses a huge one from the rendered prompt
+    refused(request($srv, { messages => [
+                { role => 'system', content => $HUGE },
+                { role => 'user', content => 'Hi' }] }),
+            'messages', 'huge system message (the thinker refuses it)');
     my $m1 = metrics($srv);
     is($m1->{'omni_engine_request_errors_total{status="400",'
-              . 'code="context_length_exceeded"}'}, 4, 'metrics: 4 refusals');
+              . 'code="context_length_exceeded"}'}, 5, 'metrics: 5 refusals');
     is($m1->{omni_engine_prompt_tokens_total}, 0, 'nothing was admitted');
 }
 

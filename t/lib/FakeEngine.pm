@@ -33,13 +33,20 @@ use POSIX qw(_exit WNOHANG);
 use Socket qw(SOCK_STREAM);
 use Time::HiRes qw(sleep);
 
+# OMNI_PROTO_VERSION, from the header the engine and the module include.
+my $VERSION = do {
+    open(my $h, '<', 'engine/omni_proto.h') or die "engine/omni_proto.h: $!\n";
+    my ($v) = join('', <$h>) =~ /#define OMNI_PROTO_VERSION\s+(\d+)/;
+    $v // die "no OMNI_PROTO_VERSION in engine/omni_proto.h\n";
+};
+
 our @EXPORT = qw(fake_engine_start fake_engine_stop);
 
 my %started;
 
 sub frame {
     my ($type, $p) = @_;
-    return pack('V C C v', length $p, $type, 1, 0) . $p;
+    return pack('V C C v', length $p, $type, $VERSION, 0) . $p;
 }
 
 sub error_frame {
@@ -111,12 +118,12 @@ sub serve {
         $out->(frame(16, 'Hello'));
         sleep 0.05;
     } elsif ($what eq 'bad-frame') {
-        $out->(pack('V C C v', 5, 99, 1, 0) . 'xxxxx');
+        $out->(pack('V C C v', 5, 99, $VERSION, 0) . 'xxxxx');
         sleep 0.05;
     } elsif ($what eq 'bad-frame-after-text') {
         $out->(frame(16, 'Hello'));
         sleep 0.05;
-        $out->(pack('V C C v', 5, 99, 1, 0) . 'xxxxx');
+        $out->(pack('V C C v', 5, 99, $VERSION, 0) . 'xxxxx');
         sleep 0.05;
     } elsif ($what eq 'overloaded') {
         $out->(error_frame(503, 'server_error', '', 'overloaded',

@@ -162,38 +162,40 @@ typedef struct {
     const char   *error;
 } BadCase;
 
+#define V OMNI_PROTO_VERSION
+
 static const BadCase bad_cases[] = {
-    { OMNI_DIR_TO_ENGINE, OMNI_F_REQUEST, OMNI_MAX_REQUEST + 1, 1, 0,
+    { OMNI_DIR_TO_ENGINE, OMNI_F_REQUEST, OMNI_MAX_REQUEST + 1, V, 0,
       "frame too large" },
-    { OMNI_DIR_TO_ENGINE, OMNI_F_REQUEST, UINT32_MAX, 1, 0,
+    { OMNI_DIR_TO_ENGINE, OMNI_F_REQUEST, UINT32_MAX, V, 0,
       "frame too large" },
-    { OMNI_DIR_TO_CLIENT, OMNI_F_TEXT, OMNI_MAX_TEXT + 1, 1, 0,
+    { OMNI_DIR_TO_CLIENT, OMNI_F_TEXT, OMNI_MAX_TEXT + 1, V, 0,
       "frame too large" },
-    { OMNI_DIR_TO_CLIENT, OMNI_F_ERROR, OMNI_MAX_ERROR + 1, 1, 0,
+    { OMNI_DIR_TO_CLIENT, OMNI_F_ERROR, OMNI_MAX_ERROR + 1, V, 0,
       "frame too large" },
-    { OMNI_DIR_STAGE, OMNI_F_STAGE_MIN, OMNI_MAX_STAGE + 1, 1, 0,
+    { OMNI_DIR_STAGE, OMNI_F_STAGE_MIN, OMNI_MAX_STAGE + 1, V, 0,
       "frame too large" },
-    { OMNI_DIR_TO_CLIENT, OMNI_F_DONE, OMNI_DONE_LEN - 1, 1, 0,
+    { OMNI_DIR_TO_CLIENT, OMNI_F_DONE, OMNI_DONE_LEN - 1, V, 0,
       "DONE frame of the wrong size" },
-    { OMNI_DIR_TO_ENGINE, 99, 4, 1, 0, "unexpected frame type" },
-    { OMNI_DIR_TO_ENGINE, 0, 4, 1, 0, "unexpected frame type" },
-    { OMNI_DIR_TO_ENGINE, OMNI_F_TEXT, 4, 1, 0, "unexpected frame type" },
-    { OMNI_DIR_TO_CLIENT, OMNI_F_REQUEST, 4, 1, 0, "unexpected frame type" },
-    { OMNI_DIR_TO_CLIENT, OMNI_F_AUDIO, 4, 1, 0, "unexpected frame type" },
-    { OMNI_DIR_STAGE, OMNI_F_REQUEST, 4, 1, 0, "unexpected frame type" },
-    { OMNI_DIR_STAGE, OMNI_F_STAGE_MAX + 1, 4, 1, 0,
+    { OMNI_DIR_TO_ENGINE, 99, 4, V, 0, "unexpected frame type" },
+    { OMNI_DIR_TO_ENGINE, 0, 4, V, 0, "unexpected frame type" },
+    { OMNI_DIR_TO_ENGINE, OMNI_F_TEXT, 4, V, 0, "unexpected frame type" },
+    { OMNI_DIR_TO_CLIENT, OMNI_F_REQUEST, 4, V, 0, "unexpected frame type" },
+    { OMNI_DIR_TO_CLIENT, OMNI_F_AUDIO, 4, V, 0, "unexpected frame type" },
+    { OMNI_DIR_STAGE, OMNI_F_REQUEST, 4, V, 0, "unexpected frame type" },
+    { OMNI_DIR_STAGE, OMNI_F_STAGE_MAX + 1, 4, V, 0,
       "unexpected frame type" },
-    { OMNI_DIR_TO_ENGINE, OMNI_F_REQUEST, 4, 0, 0,
+    { OMNI_DIR_TO_ENGINE, OMNI_F_REQUEST, 4, V - 1, 0,
       "unsupported protocol version" },
-    { OMNI_DIR_TO_ENGINE, OMNI_F_REQUEST, 4, 2, 0,
+    { OMNI_DIR_TO_ENGINE, OMNI_F_REQUEST, 4, V + 1, 0,
       "unsupported protocol version" },
-    { OMNI_DIR_TO_ENGINE, OMNI_F_REQUEST, 4, 1, 1, "nonzero frame flags" },
-    { OMNI_DIR_TO_CLIENT, OMNI_F_TEXT, 4, 1, 0x8000, "nonzero frame flags" },
-    { OMNI_DIR_TO_ENGINE, OMNI_F_HEALTH, 1, 1, 0,
+    { OMNI_DIR_TO_ENGINE, OMNI_F_REQUEST, 4, V, 1, "nonzero frame flags" },
+    { OMNI_DIR_TO_CLIENT, OMNI_F_TEXT, 4, V, 0x8000, "nonzero frame flags" },
+    { OMNI_DIR_TO_ENGINE, OMNI_F_HEALTH, 1, V, 0,
       "control frame with a payload" },
-    { OMNI_DIR_TO_ENGINE, OMNI_F_METRICS, 16, 1, 0,
+    { OMNI_DIR_TO_ENGINE, OMNI_F_METRICS, 16, V, 0,
       "control frame with a payload" },
-    { OMNI_DIR_TO_ENGINE, OMNI_F_REQUEST, 0, 1, 0, "empty request" },
+    { OMNI_DIR_TO_ENGINE, OMNI_F_REQUEST, 0, V, 0, "empty request" },
 };
 
 /* Each bad header is refused at its 8th byte, all at once or byte by
@@ -252,7 +254,7 @@ static void test_reject_after_good(void **state) {
                                 &good, 1), 1);
     cap = r.cap;
     assert_int_equal(cap, good.len);
-    bad_frame(bad, OMNI_F_REQUEST, OMNI_MAX_REQUEST + 1, 1, 0);
+    bad_frame(bad, OMNI_F_REQUEST, OMNI_MAX_REQUEST + 1, V, 0);
     assert_int_equal(feed_check(&r, bad, sizeof(bad), sizeof(bad), 1, NULL,
                                 0), 0);
     assert_string_equal(r.error, "frame too large");
