@@ -53,6 +53,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/random.h>
+#include <sys/types.h>
 
 /* 2: DONE carries the seed (24 bytes, was 16). A module and an engine of
  * different versions refuse each other's frames by name instead of
@@ -213,6 +215,24 @@ static inline void omni_done_encode(uint8_t *p, const OmniDone *d) {
     p[12] = d->finish;
     p[13] = p[14] = p[15] = 0;
     omni_wr64(p + 16, d->seed);
+}
+
+/* A fresh seed for a request that sent none: 63 random bits, so it is a
+ * valid seed to send back (0..INT64_MAX, what both sides accept). Drawn by
+ * the module (which reports it in a header before the engine's first
+ * word) and by the engine for direct clients. getrandom(2) never blocks
+ * once the kernel's pool is initialized; GRND_NONBLOCK turns the
+ * early-boot case into an error (-1, errno set) rather than a stalled
+ * event loop. Rejected: a clock or a counter, which repeat across
+ * processes and restarts. */
+static inline int omni_seed_draw(uint64_t *seed) {
+    uint64_t v;
+
+    if (getrandom(&v, sizeof(v), GRND_NONBLOCK) != (ssize_t) sizeof(v)) {
+        return -1;
+    }
+    *seed = v & (uint64_t) INT64_MAX;
+    return 0;
 }
 
 /* Returns 0, or -1 for an unknown finish reason. */

@@ -33,11 +33,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <sys/random.h>
-
 #include <yajl/yajl_tree.h>
 
 #include "json_scan.h"
+#include "omni_proto.h"
 #include "request.h"
 
 #define REQ_MAX_DEPTH   64          // nesting levels; ours use 5
@@ -514,18 +513,12 @@ static const struct {
       offsetof(SamplerParams, frequency_penalty) },
 };
 
-/* getrandom(2) never blocks once the kernel's pool is initialized (early
- * in boot only); GRND_NONBLOCK makes that case an error rather than a
- * stall of the event loop. Rejected: a clock or a counter, which repeats
- * across processes and restarts. */
+/* omni_seed_draw (omni_proto.h), with the error in err. */
 int request_draw_seed(uint64_t *seed, Err *err) {
-    uint64_t v;
-
-    if (getrandom(&v, sizeof(v), GRND_NONBLOCK) != (ssize_t) sizeof(v)) {
+    if (omni_seed_draw(seed) != 0) {
         return err_set(err, "no random seed: getrandom: %s",
                        strerror(errno));
     }
-    *seed = v & (uint64_t) INT64_MAX;
     return 0;
 }
 

@@ -25,7 +25,6 @@
 #include <ngx_core.h>
 #include <ngx_http.h>
 
-#include <sys/random.h>
 
 #include "ngx_http_omni_module.h"
 
@@ -934,12 +933,8 @@ ngx_http_omni_check_salt(ngx_http_request_t *r, yajl_val root,
 
 
 /*
- * seed: an integer >= 0, or, when absent, 63 random bits (a valid seed to
- * send back), so that each request without one samples afresh as OpenAI's
- * do. Drawn here rather than in the engine because the response header
- * (x-omni-seed) goes out before the engine's first word. getrandom(2)
- * never blocks once the kernel's pool is initialized; GRND_NONBLOCK turns
- * the early-boot case into an error rather than a stalled worker.
+ * seed: an integer >= 0, or, when absent, a fresh one (omni_seed_draw),
+ * so that each request without one samples afresh as OpenAI's do.
  */
 
 static ngx_int_t
@@ -960,13 +955,13 @@ ngx_http_omni_check_seed(ngx_http_request_t *r, yajl_val root,
         }
 
     } else {
-        if (getrandom(&v, sizeof(v), GRND_NONBLOCK) != (ssize_t) sizeof(v)) {
+        if (omni_seed_draw(&v) != 0) {
             ngx_log_error(NGX_LOG_ALERT, r->connection->log, ngx_errno,
                           "omni: getrandom() failed, no seed for the request");
             return NGX_ERROR;
         }
 
-        f->seed = (int64_t) (v & (uint64_t) INT64_MAX);
+        f->seed = (int64_t) v;
     }
 
     req->seed.data = ngx_pnalloc(r->pool, NGX_INT64_LEN);
