@@ -6,6 +6,8 @@
 #   make bench      benchmarks against llama.cpp; JSON in build/bench/
 #   make fuzz       build the libFuzzer targets (clang)
 #   make deps       install the Debian packages the build needs
+#   make ARCH=aarch64 all unit    cross-build the engine and its unit tests
+#                   into build/aarch64 (make cross-deps installs the tools)
 #
 # Everything builds into build/. The sanitizer build of the unit tests lives
 # in build/asan/.
@@ -24,16 +26,51 @@ ISA_avx2   := -mavx2 -mfma -mf16c
 ISA_avx512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni \
               -mavx2 -mfma -mf16c
 
-# The SIMD kernel sets exist for x86-64 only; elsewhere the scalar set runs.
-ARCH        := $(shell uname -m)
-ISA_SRCS    := $(if $(filter x86_64,$(ARCH)),$(wildcard kernels/cpu/avx*.c))
+# The SIMD kernel sets exist for x86-64 (avx2, avx512) and aarch64 (neon);
+# elsewhere only the scalar set is built. ARCH is the architecture built
+# for: this machine's unless given (see "Cross builds" below).
+HOST_ARCH   := $(shell uname -m)
+ARCH        := $(HOST_ARCH)
+ISA_x86_64  := $(wildcard kernels/cpu/avx*.c)
+ISA_aarch64 := $(wildcard kernels/cpu/neon.c)
+ISA_SRCS    := $(ISA_$(ARCH))
 ISA_DEFS    := $(foreach f,$(ISA_SRCS),-DOMNI_HAVE_$(shell echo $(basename \
                    $(notdir $(f))) | tr a-z A-Z))
 CFLAGS      += $(ISA_DEFS)
 
+# neon.c holds the dot-product (SDOT) kernels: Armv8.2's, optional before
+# Armv8.4, so the dispatcher checks for them (cpu_backend.c).
+ISA_neon    := -march=armv8.2-a+dotprod
+
+# Cross builds: `make ARCH=aarch64 [targets]` builds the engine and its unit
+# tests for another architecture into build/aarch64 (or BUILD) with Debian's
+# cross compiler (or CC), against Debian's builds of PCRE2, yajl and cmocka
+# for it, which t/cross-libs unpacks into the cache; `make cross-deps`
+# installs all of it. The C library is the cross compiler's
+# (/usr/aarch64-linux-gnu); the libraries' folder is the binaries' run path,
+# so `qemu-aarch64 -L /usr/aarch64-linux-gnu BINARY` runs them
+# (t/engine/aarch64.t does). Only the engine and the plain unit tests:
+# nginx's module is built for the machine nginx runs on, and the sanitizer
+# builds stay native.
+OMNI_CACHE  ?= $(HOME)/.cache/ngx_omni
+ifneq ($(ARCH),$(HOST_ARCH))
+CROSS       := $(ARCH)-linux-gnu
+CROSS_LIBS  := $(OMNI_CACHE)/cross-libs-$(patsubst aarch64,arm64,$(ARCH))
+ifeq ($(origin CC),default)
+CC          := $(CROSS)-gcc
+endif
+ifeq ($(origin BUILD),file)
+BUILD       := build/$(ARCH)
+endif
+CFLAGS      += -isystem $(CROSS_LIBS)/usr/include
+LDLIBS      += -L$(CROSS_LIBS)/usr/lib/$(CROSS) \
+               -Wl,-rpath,$(CROSS_LIBS)/usr/lib/$(CROSS)
+endif
+
 ENGINE_SRCS := $(filter-out engine/main.c,$(wildcard engine/*.c))
 KERNEL_SRCS := $(wildcard kernels/*.c) \
-               $(filter-out kernels/cpu/avx%.c,$(wildcard kernels/cpu/*.c)) \
+               $(filter-out $(ISA_x86_64) $(ISA_aarch64), \
+                   $(wildcard kernels/cpu/*.c)) \
                $(ISA_SRCS)
 LIB_SRCS    := $(ENGINE_SRCS) $(KERNEL_SRCS)
 UNIT_SRCS   := $(wildcard t/unit/test_*.c)
@@ -46,7 +83,7 @@ ASAN_BINS   := $(UNIT_SRCS:t/unit/%.c=$(BUILD)/asan/t/%)
 ASAN_FLAGS  := -fsanitize=address,undefined -fno-sanitize-recover=all \
                -fno-omit-frame-pointer
 
-.PHONY: all test unit run bench fuzz deps test-deps clean FORCE
+.PHONY: all test unit run bench fuzz deps test-deps cross-deps clean FORCE
 .DELETE_ON_ERROR:
 
 # The nginx module is built with the engine when nginx-dev is installed.
@@ -54,7 +91,8 @@ NGX_SRC   := /usr/share/nginx/src
 NGX_BUILD := $(BUILD)/nginx
 
 all: $(BUILD)/omni-engine \
-     $(if $(wildcard $(NGX_SRC)/configure),$(BUILD)/ngx_omni_module.so)
+     $(if $(CROSS),,$(if $(wildcard $(NGX_SRC)/configure), \
+         $(BUILD)/ngx_omni_module.so))
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(@D)
@@ -132,7 +170,7 @@ $(BUILD)/tsan/t/test_threadpool: t/unit/test_threadpool.c \
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -O1 -fsanitize=thread -o $@ $^ -lcmocka -pthread
 
-unit: $(UNIT_BINS) $(ASAN_BINS) $(TSAN_BINS)
+unit: $(UNIT_BINS) $(if $(CROSS),,$(ASAN_BINS) $(TSAN_BINS))
 
 $(BUILD)/bench/bench_kernels: bench/bench_kernels.c $(BUILD)/libomni.a
 	@mkdir -p $(@D)
@@ -167,12 +205,21 @@ endef
 deps:
 	$(call apt_ensure,$(BUILD_PKGS))
 
+# The aarch64 cross compiler, qemu-user and the arm64 libraries (see
+# "Cross builds" above): t/engine/aarch64.t runs the engine's unit tests and
+# reference.t for aarch64 under qemu when they are present, which `make
+# test` sees to on x86-64 (about 25 s of installing and a few MB).
+CROSS_PKGS := gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user
+
+cross-deps:
+	$(call apt_ensure,$(CROSS_PKGS))
+	@t/cross-libs arm64 >/dev/null
+
 # Test::Nginx comes from Debian sid (t/install-test-nginx); the official
 # openai npm package (t/e2e/), pinned, into a cache outside the repo.
-OMNI_CACHE ?= $(HOME)/.cache/ngx_omni
 OPENAI_NPM := 5.23.2
 
-test-deps:
+test-deps: $(if $(filter x86_64,$(HOST_ARCH)),cross-deps)
 	$(call apt_ensure,$(BUILD_PKGS) $(TEST_PKGS))
 	@perl -MTest::Nginx::Socket -e1 2>/dev/null || t/install-test-nginx
 	@v=$$(node -p 'require("$(OMNI_CACHE)/npm/node_modules/openai/package.json").version' 2>/dev/null); \
