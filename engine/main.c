@@ -300,7 +300,7 @@ static char *render_chat(const Model *m, const char *system, const char *user)
 /* --isa, else OMNI_ISA (so a whole test run can force a kernel set), else
  * auto. */
 static const char *isa_option(const Opts *o) {
-    static const char *isas[] = { "auto", "avx512", "avx2", "ref" };
+    static const char *isas[] = { "auto", "avx512", "avx2", "neon", "ref" };
     const char        *env = getenv("OMNI_ISA");
     const char        *s = opt_str(o, "isa", env != NULL && env[0] != '\0'
                                              ? env : "auto");
@@ -308,8 +308,8 @@ static const char *isa_option(const Opts *o) {
     for (size_t i = 0; i < sizeof(isas) / sizeof(isas[0]); i++) {
         if (strcmp(s, isas[i]) == 0) return s;
     }
-    die("option '--isa' (or OMNI_ISA) must be auto, avx512, avx2 or ref, "
-        "not '%s'", s);
+    die("option '--isa' (or OMNI_ISA) must be auto, avx512, avx2, neon or "
+        "ref, not '%s'", s);
 }
 
 /* The backend for m, which may then rearrange m's weights for itself. */
@@ -772,7 +772,7 @@ static void usage(FILE *f) {
           "             [--min-p P] [--presence-penalty X]\n"
           "             [--frequency-penalty X] [--stop TEXT] [--chat]\n"
           "             [--system TEXT] [--threads N] [--isa auto|avx512|"
-          "avx2|ref]\n"
+          "avx2|neon|ref]\n"
 "             [--ctx N] [--batch N] [--stats] [--mmap]\n"
           "             [--top-logits K]   (K best logits per step, JSON "
           "lines on stderr)\n"

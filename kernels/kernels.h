@@ -141,14 +141,15 @@ struct Backend {
 /* Sizes a backend preallocates for, so that no op allocates. */
 typedef struct {
     int         n_threads;  // workers incl. the caller; 0: one per core
-    const char *isa;        // "auto" (best this CPU has), "avx512", "avx2"
-                            // or "ref" (scalar, for tests); NULL = "auto"
+    const char *isa;        // "auto" (best this CPU has), "avx512", "avx2",
+                            // "neon" or "ref" (scalar); NULL = "auto"
     int64_t     max_tokens; // most tokens in one call
     int64_t     max_cols;   // longest matrix row (input features)
     int64_t     max_ctx;    // longest sequence attention reads
 } BackendConfig;
 
-/* x86-64 features the CPU kernel sets need, as bits. */
+/* The CPU features the kernel sets need, as bits: x86-64's, then
+ * aarch64's (Advanced SIMD, and its Armv8.2 dot product SDOT). */
 enum {
     CPU_AVX512F    = 1 << 0,
     CPU_AVX512BW   = 1 << 1,
@@ -158,14 +159,16 @@ enum {
     CPU_AVX2       = 1 << 5,
     CPU_FMA        = 1 << 6,
     CPU_F16C       = 1 << 7,
+    CPU_NEON       = 1 << 8,
+    CPU_DOTPROD    = 1 << 9,
 };
 
-/* The features of the CPU this runs on (0 off x86-64). */
+/* The features of the CPU this runs on (0 off x86-64 and aarch64). */
 unsigned cpu_features(void);
 
-/* The kernel set ("avx512", "avx2", "ref") that isa picks on a CPU with
- * these features: "auto" (or NULL) the widest in this build the CPU runs,
- * down to "ref"; a named set itself, or NULL with err set when the CPU
+/* The kernel set ("avx512", "avx2", "neon", "ref") that isa picks on a CPU
+ * with these features: "auto" (or NULL) the widest in this build the CPU
+ * runs, down to "ref"; a named set itself, or NULL with err set when the CPU
  * lacks what it needs or the build does not have it. */
 const char *cpu_kernel_set(const char *isa, unsigned features, char *err,
                            size_t errlen);

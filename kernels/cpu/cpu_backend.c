@@ -1,7 +1,8 @@
 /* cpu_backend.c -- the CPU implementation of the Backend table.
  *
  * This file owns threads, scratch memory and work splitting; the arithmetic
- * is in a CpuVec table (ref.c, avx2.c, avx512.c) chosen once at creation.
+ * is in a CpuVec table (ref.c, avx2.c, avx512.c, neon.c) chosen once at
+ * creation.
  * Every op either runs on the caller (when it is too small to be worth a
  * wake-up) or is split across the pool with each output element written by
  * exactly one thread, so results do not depend on the thread count.
@@ -30,6 +31,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#if defined(__aarch64__)
+#include <sys/auxv.h>
+#endif
 
 #include "kernels.h"
 #include "threadpool.h"
@@ -613,6 +617,9 @@ static const struct {
 #ifdef OMNI_HAVE_AVX2
     { "avx2", &cpu_vec_avx2, CPU_AVX2 | CPU_FMA | CPU_F16C },
 #endif
+#ifdef OMNI_HAVE_NEON
+    { "neon", &cpu_vec_neon, CPU_NEON | CPU_DOTPROD },
+#endif
     { "ref", &cpu_vec_ref, 0 },
 };
 
@@ -632,6 +639,13 @@ unsigned cpu_features(void) {
     f |= __builtin_cpu_supports("avx2") ? CPU_AVX2 : 0;
     f |= __builtin_cpu_supports("fma") ? CPU_FMA : 0;
     f |= __builtin_cpu_supports("f16c") ? CPU_F16C : 0;
+#elif defined(__aarch64__)
+    /* the kernel's hardware capabilities (what /proc/cpuinfo calls asimd
+       and asimddp); reading the ID registers would trap on old kernels */
+    unsigned long hw = getauxval(AT_HWCAP);
+
+    f |= hw & HWCAP_ASIMD ? CPU_NEON : 0;
+    f |= hw & HWCAP_ASIMDDP ? CPU_DOTPROD : 0;
 #endif
     return f;
 }

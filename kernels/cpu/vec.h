@@ -2,7 +2,8 @@
  *
  * The CPU backend (cpu_backend.c) owns threads and work splitting; the
  * arithmetic lives in one CpuVec table per instruction set: ref.c (scalar,
- * the reference, kept forever), avx2.c and avx512.c. Each ISA file is built
+ * the reference, kept forever), avx2.c and avx512.c (x86-64), neon.c
+ * (aarch64). Each ISA file is built
  * with its own -m flags and exports one table; cpu_backend.c picks one at
  * startup from what the CPU reports. The tables share these signatures, so
  * the kernel tests run every table against ref.c.
@@ -42,7 +43,7 @@ typedef void (*GemmFn)(int64_t k, int mr, int nr, const void *x, size_t ldx,
 typedef void (*XConvFn)(const float *x, void *y, int64_t k);
 
 typedef struct {
-    const char *name;               // "ref", "avx2", "avx512"
+    const char *name;               // "ref", "avx2", "avx512", "neon"
 
     /* Per weight type and layout: the activation form (DT_F32, DT_F16 or
      * DT_Q8_0) the gemm reads, the gemm itself, and the tile shape it is
@@ -108,5 +109,6 @@ static inline int vec_slot(DType t, WLayout l) {
 extern const CpuVec cpu_vec_ref;
 extern const CpuVec cpu_vec_avx2;
 extern const CpuVec cpu_vec_avx512;
+extern const CpuVec cpu_vec_neon;
 
 #endif

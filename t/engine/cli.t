@@ -265,7 +265,7 @@ one_line_error('temperature range', "'--temperature' must be a number in 0..2",
                'generate', '--model', $M, '--prompt', 'x', '--temperature', 3);
 one_line_error('missing model file', 'No such file',
                'generate', '--model', "$T/none.gguf", '--prompt', 'x');
-one_line_error('unknown isa', qr/option '--isa' \(or OMNI_ISA\) must be auto, avx512, avx2 or ref, not 'sse9'/,
+one_line_error('unknown isa', qr/option '--isa' \(or OMNI_ISA\) must be auto, avx512, avx2, neon or ref, not 'sse9'/,
                'generate', '--model', $M, '--prompt', 'x', '--isa', 'sse9');
 one_line_error('top-logits over the vocabulary',
                'K must be between 0 and the vocabulary size 512, got 513',

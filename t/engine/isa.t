@@ -28,7 +28,7 @@ my $auto = set_for('auto');
 ok(defined $auto, "'auto' runs a kernel set") or BAIL_OUT('no kernel set');
 note("auto picks $auto (the plain pass of t/engine/*.t used it)");
 
-for my $isa (qw(avx512 avx2 ref)) {
+for my $isa (qw(avx512 avx2 neon ref)) {
     my $got = set_for($isa);
     if (!defined $got) {
         note("OMNI_ISA=$isa: this CPU or build cannot run it; skipped");

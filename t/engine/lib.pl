@@ -7,6 +7,10 @@ use POSIX ();
 
 our $ENGINE = $ENV{OMNI_ENGINE} // 'build/omni-engine';
 our $MODEL  = $ENV{OMNI_MODEL}  // '../shared/models/stories260K.gguf';
+# A command run_engine puts before the binary, split at spaces: an emulator
+# for an engine built for another architecture (t/engine/aarch64.t sets
+# "qemu-aarch64 -L /usr/aarch64-linux-gnu").
+our @WRAPPER = split ' ', $ENV{OMNI_ENGINE_WRAPPER} // '';
 our $TMP    = tempdir('omni-test-XXXXXX', TMPDIR => 1, CLEANUP => 1);
 
 die "$ENGINE is not built (run make)\n" unless -x $ENGINE;
@@ -15,10 +19,12 @@ die "$MODEL is missing (see ../shared/models/README.md)\n" unless -f $MODEL;
 # Which kernel set this pass runs (what 'auto' picks, or what OMNI_ISA
 # forces), in the TAP output.
 {
-    my $s = `'$ENGINE' generate --model '$MODEL' --prompt x --max-tokens 1 --stats 2>&1 >/dev/null`;
+    my $cmd = join ' ', map { "'$_'" } @WRAPPER, $ENGINE;
+    my $s = `$cmd generate --model '$MODEL' --prompt x --max-tokens 1 --stats 2>&1 >/dev/null`;
     my ($set) = $s =~ /backend (\S+),/;
     print "# kernel set: ", $set // "none ($s)", " (OMNI_ISA=",
-          $ENV{OMNI_ISA} || 'auto', ")\n";
+          $ENV{OMNI_ISA} || 'auto', ")",
+          @WRAPPER ? " under $WRAPPER[0]" : '', "\n";
 }
 
 # run(@args) -> (exit status, stdout, stderr). Both outputs go to files, so
@@ -32,7 +38,7 @@ sub run_engine {
         open(STDIN, '<', '/dev/null');
         open(STDOUT, '>&', $ofh);
         open(STDERR, '>&', $efh);
-        exec($ENGINE, @args) or POSIX::_exit(127);
+        exec(@WRAPPER, $ENGINE, @args) or POSIX::_exit(127);
     }
     waitpid($pid, 0);
     my $rc = $? >> 8;

@@ -44,7 +44,7 @@ for my $batch (1, 7, 16) {
 }
 
 # Every kernel set the CPU has gives the same greedy text.
-for my $isa (qw(ref avx2 avx512)) {
+for my $isa (qw(ref avx2 avx512 neon)) {
     my ($rc, $out, $err) = run_engine(
         'generate', '--model', $MODEL, '--prompt', $cases[0]{prompt},
         '--max-tokens', $cases[0]{max_tokens}, '--temperature', 0,

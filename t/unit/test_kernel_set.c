@@ -20,6 +20,7 @@
 #define AVX2_SET   (CPU_AVX2 | CPU_FMA | CPU_F16C)
 #define AVX512_SET (AVX2_SET | CPU_AVX512F | CPU_AVX512BW | CPU_AVX512VL \
                     | CPU_AVX512DQ | CPU_AVX512VNNI)
+#define NEON_SET   (CPU_NEON | CPU_DOTPROD)
 
 #ifdef OMNI_HAVE_AVX512
 #define WIDE_512 "avx512"
@@ -30,6 +31,17 @@
 #define WIDE_2 "avx2"
 #else
 #define WIDE_2 "ref"
+#endif
+/* a build has the x86-64 sets or the aarch64 one, never both */
+#ifdef OMNI_HAVE_NEON
+#define WIDE_NEON "neon"
+#else
+#define WIDE_NEON "ref"
+#endif
+#if defined(OMNI_HAVE_AVX2) || defined(OMNI_HAVE_AVX512)
+#define WIDEST WIDE_512
+#else
+#define WIDEST WIDE_NEON
 #endif
 
 static void expect_set(const char *isa, unsigned f, const char *want) {
@@ -57,7 +69,9 @@ static void expect_refused(const char *isa, unsigned f, const char *msg) {
 }
 
 /* "auto" over CPUs from SSE2-only to AVX-512 with VNNI, and each partial
- * set in between. */
+ * set in between; over aarch64 CPUs with and without the dot product
+ * (Advanced SIMD itself is part of every aarch64 CPU, but the bit is still
+ * checked). */
 static void test_auto(void **state) {
     static const struct {
         const char *cpu;
@@ -74,7 +88,12 @@ static void test_auto(void **state) {
         { "AVX-512 without BW",  AVX512_SET & ~CPU_AVX512BW,   WIDE_2 },
         { "AVX-512 without F16C", AVX512_SET & ~CPU_F16C,      "ref" },
         { "AVX-512 with VNNI (Ice Lake, Zen 4/5)", AVX512_SET, WIDE_512 },
-        { "every bit set",       ~0u,                          WIDE_512 },
+        { "aarch64, Advanced SIMD only (Cortex-A72, Graviton 1)",
+          CPU_NEON,                                            "ref" },
+        { "aarch64, dot product without Advanced SIMD", CPU_DOTPROD, "ref" },
+        { "aarch64 with the dot product (Neoverse N1, Graviton 2-4)",
+          NEON_SET,                                            WIDE_NEON },
+        { "every bit set",       ~0u,                          WIDEST },
     };
 
     (void) state;
@@ -105,13 +124,21 @@ static void test_named(void **state) {
 #else
     expect_refused("avx512", AVX512_SET, "not in this build");
 #endif
+#ifdef OMNI_HAVE_NEON
+    expect_set("neon", NEON_SET, "neon");
+    expect_set("neon", ~0u, "neon");
+    expect_refused("neon", CPU_NEON, "needs CPU features this CPU lacks");
+    expect_refused("neon", AVX512_SET, "lacks");
+#else
+    expect_refused("neon", NEON_SET, "not in this build");
+#endif
     expect_refused("sse9", ~0u, "'sse9' is not in this build");
 }
 
 /* The backend runs what the choice names for this CPU, and refuses what it
  * refuses. */
 static void test_backend_follows(void **state) {
-    static const char *isas[] = { "auto", "ref", "avx2", "avx512" };
+    static const char *isas[] = { "auto", "ref", "avx2", "avx512", "neon" };
     unsigned           f = cpu_features();
 
     (void) state;

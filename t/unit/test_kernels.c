@@ -222,6 +222,9 @@ static Isa isas[] = {
 #ifdef OMNI_HAVE_AVX512
     { "avx512", &cpu_vec_avx512 },
 #endif
+#ifdef OMNI_HAVE_NEON
+    { "neon", &cpu_vec_neon },
+#endif
 };
 
 static Backend *be_new(const char *isa, int nth) {
@@ -1134,12 +1137,12 @@ static const Case cases[] = {
 #define N_CASES (sizeof(cases) / sizeof(cases[0]))
 
 int main(void) {
-    static const char *all[] = { "ref", "avx2", "avx512" };
-    static struct CMUnitTest tests[3 * N_CASES];
-    static char    names[3 * N_CASES][160];
+    static const char *all[] = { "ref", "avx2", "avx512", "neon" };
+    static struct CMUnitTest tests[4 * N_CASES];
+    static char    names[4 * N_CASES][160];
     size_t         nt = 0;
 
-    for (int a = 0; a < 3; a++) {
+    for (int a = 0; a < 4; a++) {
         BackendConfig cfg = { 1, all[a], 1, 64, 1 };
         char          err[128];
         Backend      *be = backend_cpu_new(&cfg, err, sizeof(err));
