@@ -162,7 +162,8 @@ for my $j (@jobs) {
                 # but TAP::Parser keeps cmocka's dash
                 (my $what = $r->description) =~ s/^-\s*//;
                 if ($r->has_skip) {
-                    pass("$what # skipped: " . $r->explanation);
+                    pass(($what eq '' ? '' : "$what: ") . 'skipped ('
+                         . $r->explanation . ')');
                 } else {
                     ok($r->is_ok, $what);
                 }
