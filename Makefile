@@ -208,7 +208,8 @@ deps:
 # The aarch64 cross compiler, qemu-user and the arm64 libraries (see
 # "Cross builds" above): t/engine/aarch64.t runs the engine's unit tests and
 # reference.t for aarch64 under qemu when they are present, which `make
-# test` sees to on x86-64 (about 25 s of installing and a few MB).
+# test` sees to on x86-64: about 20 s to install 24 packages (56 MB to
+# fetch, 261 MB installed), 3 s for the libraries (1 MB).
 CROSS_PKGS := gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user
 
 cross-deps:
