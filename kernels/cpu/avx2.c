@@ -3,10 +3,12 @@
  * The same design as avx512.c (see that file for the reasoning) at half
  * the width, with 16 ymm registers and no VNNI. What differs:
  *
- *   f32, f16, bf16 weights: 8 elements per step, 2 accumulators per output
- *     (decode walks one row with two FMA chains), 3x2 tiles: 12
- *     accumulators, 2 weight vectors, 1 activation vector. f16 widens with
- *     vcvtph2ps, bf16 with a zero-extend and a shift.
+ *   f32, f16, bf16 weights: 8 elements per step, one accumulator per
+ *     output, 4x3 tiles: 12 accumulators, 3 weight vectors, 1 activation
+ *     vector, 7 loads per 12 FMAs (3x2 tiles with two accumulators each
+ *     ran 5 per 6, 10-20% slower in prefill); decode runs 1x3 tiles, so
+ *     three chains of FMAs hide the latency. f16 widens with vcvtph2ps,
+ *     bf16 with a zero-extend and a shift.
  *   q8_0, q4_0 weights as stored: one block (32 elements) per step.
  *     Without VNNI the int8 dot is vpmaddubsw, unsigned x signed with a
  *     saturating 16-bit pair sum, so both operands must stay below 128 in
@@ -73,9 +75,9 @@ enum { T_F32, T_F16, T_BF16, T_Q8, T_Q4, T_Q8X, T_Q4X };
  * Repacked q types stream X_S weight rows at a time against X_BLOCK bytes
  * of activations (L2), k in blocks of X_KB elements (X_S rows and a tile
  * of activations in L1). */
-#define F_MR    3
-#define F_NR    2
-#define F_ACC   2
+#define F_MR    4
+#define F_NR    3
+#define F_ACC   1
 #define Q_MR    2
 #define Q_NR    2
 #define X_MR    4
@@ -83,13 +85,13 @@ enum { T_F32, T_F16, T_BF16, T_Q8, T_Q4, T_Q8X, T_Q4X };
 #define X_S     4               /* weight rows a stream holds in L1 */
 #define KC      1024            /* elements per K block (multiple of 16) */
 #define PANEL_L2 (160 << 10)    /* bytes of weights in a panel */
-#define PANEL_MAX 64            /* most rows in a panel (multiple of 2) */
+#define PANEL_MAX 48            /* most rows in a panel (multiple of 6) */
 #define X_BLOCK (160 << 10)     /* bytes of activations kept in L2 */
 #define X_KB    2048            /* elements per k block (multiple of 512) */
 #define X_PARK_ROWS 64          /* most activation rows per block of k */
 #define ACC_MAX 2
 #define MR_MAX  4               /* of F_MR, Q_MR and X_MR */
-#define NR_MAX  2               /* of F_NR, Q_NR and X_NR */
+#define NR_MAX  3               /* of F_NR, Q_NR and X_NR */
 
 /* Parked accumulators: slot (weight row j, activation row i, accumulator
  * a) of a panel; a stream's tile of X_MR rows takes X_S weight rows'
@@ -618,15 +620,25 @@ INLINE void gemm_stream(const int T, int64_t k, int mr, int nr,
 }
 
 /* The gemm of one weight type: out (mr, nr) for any mr <= GEMM_MR_MAX and
- * nr. One activation row (decode) runs 1x1 tiles over whole rows, one
- * weight row after the other, so each thread reads a single sequential
- * stream. */
+ * nr. One activation row (decode) runs tiles over whole rows, front to
+ * back. */
 INLINE void gemm_any(const int T, int64_t k, int mr, int nr, const char *x,
                      size_t ldx, const char *w, size_t ldw, float *out,
                      size_t ldo)
 {
     if (mr == 1) {
-        for (int j = 0; j < nr; j++) {
+        /* f types and stored q types: (1 x NR) tiles, NR rows' chains of
+         * FMAs at once (one row at a time waited on the FMA latency: f16
+         * decode of the 1B model went from 9 to 13 tokens/s); repacked
+         * rows one at a time (two at once slowed q8_0 decode by 20%). */
+        const int NR = T <= T_Q4 ? t_nr(T) : 1;
+        int       j = 0;
+
+        for (; j + NR <= nr; j += NR) {
+            tile(T, 1, NR, k, 0, k, x, ldx, w + (size_t) j * ldw, ldw,
+                 out + j, ldo, NULL, NULL);
+        }
+        for (; j < nr; j++) {
             tile(T, 1, 1, k, 0, k, x, ldx, w + (size_t) j * ldw, ldw,
                  out + j, ldo, NULL, NULL);
         }
