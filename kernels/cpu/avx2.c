@@ -562,8 +562,9 @@ INLINE void gemm_panels(const int T, int64_t k, int mr, int nr,
 /* Repacked q types, activation rows i .. i + m of a block against the X_S
  * weight rows (or fewer, ns, at the end of a matrix) at w over [k0, k1):
  * (X_MR x X_NR) tiles, the activation tile outer, so each is read from
- * L2 once per X_S weight rows while those stay in L1. Each tile
- * prefetches the rows X_S further on. pk: the block's park (NULL: k is
+ * L2 once per X_S weight rows while those stay in L1. The first tile
+ * prefetches the rows X_S further on (the others would only ask again
+ * for lines already on their way). pk: the block's park (NULL: k is
  * not blocked). */
 INLINE void stream_rows(const int T, int64_t k, int64_t k0, int64_t k1,
                         int m, int ns, const char *x, size_t ldx,
@@ -579,7 +580,7 @@ INLINE void stream_rows(const int T, int64_t k, int64_t k0, int64_t k1,
                      x + (size_t) i * ldx, ldx, w + (size_t) j * ldw, ldw,
                      out + (size_t) i * ldo + j, ldo,
                      pt != NULL ? pt + PARK(j, 0, 0) : NULL,
-                     w + (size_t) (j + X_S) * ldw);
+                     i == 0 ? w + (size_t) (j + X_S) * ldw : NULL);
         }
     }
 }
