@@ -1,25 +1,54 @@
 /* avx2.c -- the CpuVec table for AVX2 with FMA and F16C.
  *
- * The same design as avx512.c at half the width and with half the
- * registers (16 ymm), so see that file for the reasoning; what differs:
+ * The same design as avx512.c (see that file for the reasoning) at half
+ * the width, with 16 ymm registers and no VNNI. What differs:
  *
- *   f32, f16, bf16 weights: 8 elements per step, 2 accumulators per output
- *     (decode walks one row with two FMA chains), 3x2 tiles: 12
- *     accumulators, 2 weight vectors, 1 activation vector.
- *   q8_0, q4_0 weights: one block (32 elements) per step. Without VNNI
- *     the int8 dot is vpmaddubsw, unsigned x signed with a saturating
- *     16-bit pair sum, so both operands must stay below 128 in magnitude:
- *     the weights enter as |w| and the activations take the sign of w
- *     (vpsignb), ggml's trick. q4_0 becomes signed (q - 8) first, so both
- *     types share the pair step: sign, maddubs, madd to int32, convert,
- *     scale (activation x weight), FMA. Activations are quantized once per
- *     call to a private layout (xq_conv): per block the 32 bytes, then the
- *     scale spread over 8 floats. 2x2 tiles.
+ *   f32, f16, bf16 weights: 8 elements per step, one accumulator per
+ *     output, 4x3 tiles: 12 accumulators, 3 weight vectors, 1 activation
+ *     vector, 7 loads per 12 FMAs (3x2 tiles with two accumulators each
+ *     ran 5 per 6, 10-20% slower in prefill); decode runs 1x3 tiles, so
+ *     three chains of FMAs hide the latency. f16 widens with vcvtph2ps,
+ *     bf16 with a zero-extend and a shift.
+ *   q8_0, q4_0 weights as stored: one block (32 elements) per step.
+ *     Without VNNI the int8 dot is vpmaddubsw, unsigned x signed with a
+ *     saturating 16-bit pair sum, so both operands must stay below 128 in
+ *     magnitude: the weights enter as |w| and the activations take the
+ *     sign of w (vpsignb), ggml's recipe. q4_0 becomes signed (q - 8)
+ *     first, so both types share the pair step: sign, maddubs, madd to
+ *     int32, convert, scale (activation x weight), FMA. Activations are
+ *     quantized once per call to a private layout (xq_conv): per block the
+ *     32 bytes, then the scale spread over 8 floats. 2x2 tiles.
+ *   q8_0, q4_0 weights repacked at load into avx512.c's WL_X16 groups
+ *     (dtype.h): one layout for both sets, so a model file and the tests
+ *     know one. A group is read as two halves of 8 blocks; a 32-byte load
+ *     holds 4 weights of each of 8 blocks, and the dot products stay
+ *     per block in the 8 int32 lanes across a half's 8 loads, so the
+ *     convert, the scale multiply and the FMA run once per 256 weights
+ *     instead of once per 32. q8_0 keeps the sign recipe (the +128 bias of
+ *     the layout is one xor per weight load, shared by the tile's rows):
+ *     per 32 weights and row sign, maddubs, madd, add. q4_0 needs no sign
+ *     at all: its nibbles (q + 8, 0..15) are maddubs' unsigned operand as
+ *     stored, pair sums stay within 2 * 15 * 127, so a half's 8 maddubs
+ *     add up in int16 and one madd widens them; the activation side
+ *     carries -8 * sum(x) per block to take the 8 back out (xg_conv).
+ *     Measured on Zen 3 in L1, 4x1 tiles: the sign recipe ran 55-58
+ *     GMAC/s a core, splitting q8_0 weights into two nibble streams (two
+ *     maddubs and two int16 adds per 32, no madd) 48-52, splitting the
+ *     activations instead 37-40: vpsignb, vpmaddubsw, vpmaddwd, FMA and
+ *     the converts share the same two pipes there, and the int16 adds did
+ *     not run free beside them.
  *
- * No K blocking: this is the fallback for CPUs without AVX-512, kept
- * simple. Tails run the same vector step on zero-padded copies, and every
- * output is summed by one tree (hsum), so all tile shapes give the same
- * bits, as vec.h requires. */
+ * Batches: f types and stored q types run a weight panel that fits L2
+ * against tiles of activation rows, k in blocks; repacked q types with
+ * more than one row stream (gemm_stream): four weight rows at a time, the
+ * next four prefetched, against every row of an L2-sized block of
+ * activations in (4 x 1) tiles, so weights come from memory once per
+ * block and each activation tile is read once per four weight rows.
+ *
+ * Tails run the same vector step on zero-padded copies, accumulators are
+ * parked (not summed) between blocks of k, and every output is summed by
+ * one tree (hsum), so all tile shapes give the same bits, as vec.h
+ * requires. */
 
 #include <immintrin.h>
 #include <math.h>
@@ -29,19 +58,74 @@
 
 #define INLINE static inline __attribute__((always_inline))
 
-enum { T_F32, T_F16, T_BF16, T_Q8, T_Q4 };
+enum { T_F32, T_F16, T_BF16, T_Q8, T_Q4, T_Q8X, T_Q4X };
 
-#define F_MR    3
-#define F_NR    2
-#define F_ACC   2
+#define XQ_BLOCK 64             /* bytes per block of converted x (stored q) */
+#define XG_HALF  320            /* bytes per half group of converted x */
+#define XG_STEP  (2 * XG_HALF)  /* bytes per 512 elements (a WL_X16 group) */
+
+/* Tiles and blocking (measured with 2 threads on Zen 3, see the figures
+ * in README "Kernels"):
+ *
+ * F_MR x F_NR tiles with F_ACC accumulators per output, Q_MR x Q_NR for
+ * stored q types, X_MR x X_NR for repacked ones: register tiles. PANEL_L2
+ * bytes of weight rows (at most PANEL_MAX rows) make a panel that stays
+ * in L2 while every tile of activation rows runs against it, k cut into
+ * blocks of KC elements so that a tile's activations stay in L1.
+ * Repacked q types stream X_S weight rows at a time against X_BLOCK bytes
+ * of activations (L2), k in blocks of X_KB elements (X_S rows and a tile
+ * of activations in L1). */
+#define F_MR    4
+#define F_NR    3
+#define F_ACC   1
 #define Q_MR    2
 #define Q_NR    2
-#define MR_MAX  3
-#define NR_MAX  2
+#define X_MR    4
+#define X_NR    1
+#define X_S     4               /* weight rows a stream holds in L1 */
+#define KC      1024            /* elements per K block (multiple of 16) */
+#define PANEL_L2 (160 << 10)    /* bytes of weights in a panel */
+#define PANEL_MAX 48            /* most rows in a panel (multiple of 6) */
+#define X_BLOCK (160 << 10)     /* bytes of activations kept in L2 */
+#define X_KB    2048            /* elements per k block (multiple of 512) */
+#define X_PARK_ROWS 64          /* most activation rows per block of k */
+#define ACC_MAX 2
+#define MR_MAX  4               /* of F_MR, Q_MR and X_MR */
+#define NR_MAX  3               /* of F_NR, Q_NR and X_NR */
 
-INLINE int t_nr(const int T)   { return T <= T_BF16 ? F_NR : Q_NR; }
+/* Parked accumulators: slot (weight row j, activation row i, accumulator
+ * a) of a panel; a stream's tile of X_MR rows takes X_S weight rows'
+ * worth (X_PARK_TILE vectors). */
+#define PARK(j, i, a) (((j) * MR_MAX + (i)) * ACC_MAX + (a))
+#define X_PARK_TILE   (X_S * MR_MAX * ACC_MAX)
+
+_Static_assert(F_MR <= MR_MAX && Q_MR <= MR_MAX && X_MR <= MR_MAX
+               && F_NR <= NR_MAX && Q_NR <= NR_MAX && X_NR <= NR_MAX
+               && F_ACC <= ACC_MAX, "tile arrays too small");
+_Static_assert(KC % (8 * F_ACC) == 0 && KC % 32 == 0,
+               "K blocks must start a round of accumulators and a block");
+_Static_assert(PANEL_MAX % F_NR == 0 && PANEL_MAX % Q_NR == 0
+               && X_S % X_NR == 0 && X_KB % 512 == 0, "tiles must fit");
+
+INLINE int t_mr(const int T) {
+    return T <= T_BF16 ? F_MR : T <= T_Q4 ? Q_MR : X_MR;
+}
+INLINE int t_nr(const int T) {
+    return T <= T_BF16 ? F_NR : T <= T_Q4 ? Q_NR : X_NR;
+}
 INLINE int t_acc(const int T)  { return T <= T_BF16 ? F_ACC : 1; }
-INLINE int t_step(const int T) { return T <= T_BF16 ? 8 : 32; }
+INLINE int t_step(const int T) {
+    return T <= T_BF16 ? 8 : T <= T_Q4 ? 32 : 512;
+}
+/* The type whose steps run the tail of a WL_X16 row (its blocks past the
+ * last group are stored as usual). */
+INLINE int t_base(const int T) {
+    return T == T_Q8X ? T_Q8 : T == T_Q4X ? T_Q4 : T;
+}
+/* Bytes of a WL_X16 group. */
+INLINE size_t t_group(const int T) {
+    return X16 * (T == T_Q8X ? sizeof(BlockQ8_0) : sizeof(BlockQ4_0));
+}
 
 
 /* ---- reductions and exp --------------------------------------------------- */
@@ -146,8 +230,8 @@ INLINE XOp load_x(const int T, const char *x, int64_t s) {
         /* one load per row and step, not one per FMA (see avx512.c) */
         __asm__("" : "+x"(o.f));
     } else {
-        o.q = _mm256_loadu_si256((const __m256i *) (x + s * 64));
-        o.d = _mm256_loadu_ps((const float *) (x + s * 64 + 32));
+        o.q = _mm256_loadu_si256((const __m256i *) (x + s * XQ_BLOCK));
+        o.d = _mm256_loadu_ps((const float *) (x + s * XQ_BLOCK + 32));
     }
     return o;
 }
@@ -162,9 +246,6 @@ INLINE __m256 madd(const int T, XOp x, WOp w, __m256 acc) {
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(x.d, w.d),
                            acc);
 }
-
-
-/* ---- matmul: the tile body -------------------------------------------------- */
 
 INLINE void tile_step(const int T, const int MR, const int NR,
                       const char *x, size_t ldx, const char *w, size_t ldw,
@@ -183,34 +264,199 @@ INLINE void tile_step(const int T, const int MR, const int NR,
     }
 }
 
-/* out (MR, NR) = x (MR, k) . w (NR, k)^T. Every output: A accumulators,
- * step s into accumulator s % A, a tail (f types, k % 8 elements) as one
- * more step on zero-padded copies, the accumulators added, hsum. */
+
+/* ---- matmul: half groups of repacked q rows ----------------------------- */
+
+/* Half h (blocks 8h..8h+7) of group g of an (MR x NR) tile of WL_X16 rows.
+ * Per output one int32 vector ends with the exact dot of block 8h+i in
+ * lane i; then one convert, one multiply of the 8 scale pairs, one FMA,
+ * in this order for every tile shape.
+ *
+ * q8_0: chunk c's 32 bytes (4 weights of each of the 8 blocks, +128) are
+ * made signed (xor) and absolute once for the tile's rows; per row, the
+ * activations take the weights' sign, maddubs, madd to int32, add.
+ * q4_0: chunk c's low nibbles (elements 4c..4c+3) meet activation chunk
+ * c, its high nibbles (16+4c..) chunk c + 4; the 8 maddubs of a half add
+ * in int16 (|sum| <= 8 * 2 * 15 * 127 < 2^15), one madd widens them, and
+ * the activation's -8 * sum(x) per block cancels the nibbles' +8.
+ * Integer sums are exact, so their order changes no bit. The first half
+ * of a tile given pf prefetches its rows' group at pf. */
+INLINE void half_step(const int T, const int MR, const int NR,
+                      const char *x, size_t ldx, const char *w, size_t ldw,
+                      int64_t g, int h, __m256 acc[MR_MAX][NR_MAX],
+                      const char *pf)
+{
+    const size_t  gb = t_group(T);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i       p[MR_MAX][NR_MAX];
+    __m256        wd[NR_MAX];
+
+    x += g * XG_STEP + h * XG_HALF;
+    w += g * gb;
+    if (pf != NULL && h == 0) {
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) {
+            for (size_t o = 0; o < gb + 63; o += 64) {
+                _mm_prefetch(pf + g * gb + j * ldw + o, _MM_HINT_T0);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; i++) {
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) p[i][j] = _mm256_setzero_si256();
+    }
+    if (T == T_Q8X) {
+        for (int c = 0; c < 8; c++) {
+            __m256i ws[NR_MAX], wa[NR_MAX];
+
+#pragma GCC unroll 4
+            for (int j = 0; j < NR; j++) {
+                ws[j] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)
+                            (w + j * ldw + 32 + 64 * c + 32 * h)),
+                        _mm256_set1_epi8((char) 0x80));
+                wa[j] = _mm256_sign_epi8(ws[j], ws[j]);
+            }
+#pragma GCC unroll 4
+            for (int i = 0; i < MR; i++) {
+                __m256i xv = _mm256_loadu_si256((const __m256i *)
+                                                (x + i * ldx + 32 * c));
+
+#pragma GCC unroll 4
+                for (int j = 0; j < NR; j++) {
+                    p[i][j] = _mm256_add_epi32(p[i][j], _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(wa[j],
+                                             _mm256_sign_epi8(xv, ws[j])),
+                        ones));
+                }
+            }
+        }
+    } else {
+        const __m256i m = _mm256_set1_epi8(15);
+
+        for (int c = 0; c < 4; c++) {
+            __m256i lo[NR_MAX], hi[NR_MAX];
+
+#pragma GCC unroll 4
+            for (int j = 0; j < NR; j++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)
+                                               (w + j * ldw + 32 + 64 * c
+                                                + 32 * h));
+
+                lo[j] = _mm256_and_si256(v, m);
+                hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m);
+            }
+#pragma GCC unroll 4
+            for (int i = 0; i < MR; i++) {
+                __m256i xa = _mm256_loadu_si256((const __m256i *)
+                                                (x + i * ldx + 32 * c));
+                __m256i xb = _mm256_loadu_si256((const __m256i *)
+                                                (x + i * ldx + 32 * c + 128));
+
+#pragma GCC unroll 4
+                for (int j = 0; j < NR; j++) {
+                    p[i][j] = _mm256_add_epi16(p[i][j],
+                                               _mm256_maddubs_epi16(lo[j], xa));
+                    p[i][j] = _mm256_add_epi16(p[i][j],
+                                               _mm256_maddubs_epi16(hi[j], xb));
+                }
+            }
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; i++) {
+            __m256i c = _mm256_loadu_si256((const __m256i *)
+                                           (x + i * ldx + 256));
+
+#pragma GCC unroll 4
+            for (int j = 0; j < NR; j++) {
+                p[i][j] = _mm256_add_epi32(_mm256_madd_epi16(p[i][j], ones),
+                                           c);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; j++) {
+        wd[j] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)
+                                                (w + j * ldw + 16 * h)));
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; i++) {
+        __m256 xd = _mm256_loadu_ps((const float *) (x + i * ldx + 288));
+
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) {
+            acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p[i][j]),
+                                        _mm256_mul_ps(xd, wd[j]), acc[i][j]);
+        }
+    }
+}
+
+
+/* ---- matmul: the tile body -------------------------------------------------- */
+
+/* out (MR, NR) of x (MR, k) . w (NR, k)^T over the elements [k0, k1).
+ * Every output has A accumulators; step s goes into accumulator s % A, the
+ * tail step (f types: k % 8 elements, zero-padded) into the next one after
+ * the last full step (WL_X16 rows: the stored blocks after the last group,
+ * all into the one accumulator); at k1 == k they are added pairwise and
+ * summed by the fixed tree.
+ * k0 > 0 resumes from pk, k1 < k parks there (pk: this tile's slot
+ * PARK(0, 0, 0)). A repacked tile given pf prefetches its NR rows' groups
+ * there. */
 INLINE void tile(const int T, const int MR, const int NR, int64_t k,
-                 const char *x, size_t ldx, const char *w, size_t ldw,
-                 float *out, size_t ldo)
+                 int64_t k0, int64_t k1, const char *x, size_t ldx,
+                 const char *w, size_t ldw, float *out, size_t ldo,
+                 __m256 *pk, const char *pf)
 {
     const int step = t_step(T), A = t_acc(T);
-    int64_t   ns = k / step, s = 0;
+    int64_t   s = k0 / step, s1 = k1 / step, ns = k / step;
     int       rem = (int) (k % step);
-    __m256    acc[2][MR_MAX][NR_MAX];
+    __m256    acc[ACC_MAX][MR_MAX][NR_MAX];
 
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; i++) {
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) {
 #pragma GCC unroll 2
-    for (int a = 0; a < A; a++) {
+            for (int a = 0; a < A; a++) {
+                acc[a][i][j] = k0 == 0 ? _mm256_setzero_ps()
+                                       : pk[PARK(j, i, a)];
+            }
+        }
+    }
+    if (T >= T_Q8X) {
+        for (; s < s1; s++) {
+            half_step(T, MR, NR, x, ldx, w, ldw, s, 0, acc[0], pf);
+            half_step(T, MR, NR, x, ldx, w, ldw, s, 1, acc[0], pf);
+        }
+    } else {
+        /* blocks start at multiples of A steps, so s % A == a below */
+        for (; s + A <= s1; s += A) {
+#pragma GCC unroll 2
+            for (int a = 0; a < A; a++) {
+                tile_step(T, MR, NR, x, ldx, w, ldw, s + a, acc[a]);
+            }
+        }
+        if (A == 2 && s < s1) tile_step(T, MR, NR, x, ldx, w, ldw, s, acc[0]);
+    }
+    if (k1 < k) {
 #pragma GCC unroll 4
         for (int i = 0; i < MR; i++) {
 #pragma GCC unroll 4
-            for (int j = 0; j < NR; j++) acc[a][i][j] = _mm256_setzero_ps();
-        }
-    }
-    for (; s + A <= ns; s += A) {
+            for (int j = 0; j < NR; j++) {
 #pragma GCC unroll 2
-        for (int a = 0; a < A; a++) {
-            tile_step(T, MR, NR, x, ldx, w, ldw, s + a, acc[a]);
+                for (int a = 0; a < A; a++) pk[PARK(j, i, a)] = acc[a][i][j];
+            }
         }
+        return;
     }
-    if (A == 2 && s < ns) tile_step(T, MR, NR, x, ldx, w, ldw, s, acc[0]);
-    if (T <= T_BF16 && rem != 0) {
+    if (T >= T_Q8X) {
+        const char *xt = x + ns * XG_STEP, *wt = w + ns * t_group(T);
+
+        for (int b = 0; b < rem / QK; b++) {
+            tile_step(t_base(T), MR, NR, xt, ldx, wt, ldw, b, acc[0]);
+        }
+    } else if (T <= T_BF16 && rem != 0) {
         /* 8 f32 activations and 8 weights of up to 4 bytes per row */
         float xp[MR_MAX][8], wp[NR_MAX][8];
         int   wb = T == T_F32 ? 4 : 2;
@@ -223,12 +469,8 @@ INLINE void tile(const int T, const int MR, const int NR, int64_t k,
         for (int j = 0; j < NR; j++) {
             memcpy(wp[j], w + j * ldw + ns * 8 * wb, (size_t) rem * wb);
         }
-        if (A == 1 || ns % 2 == 0) {
-            tile_step(T, MR, NR, (char *) xp, 32, (char *) wp, 32, 0, acc[0]);
-        } else {
-            tile_step(T, MR, NR, (char *) xp, 32, (char *) wp, 32, 0,
-                      acc[A - 1]);
-        }
+        tile_step(T, MR, NR, (char *) xp, 32, (char *) wp, 32, 0,
+                  acc[ns % A]);
     }
 #pragma GCC unroll 4
     for (int i = 0; i < MR; i++) {
@@ -241,33 +483,170 @@ INLINE void tile(const int T, const int MR, const int NR, int64_t k,
     }
 }
 
-/* out (mr, nr) for mr <= the type's MR and any nr: full tiles, then 1x1
- * tiles for a weight-row edge; one activation row (decode) runs 1x1 tiles
- * row after row, one sequential stream per thread. */
+/* One (mr x NR) tile, mr <= the type's MR, or its 1x1 pieces at a
+ * weight-row edge (nr < NR): a 1x1 tile computes each output exactly as
+ * the big one does. */
+INLINE void tile_any(const int T, int64_t k, int64_t k0, int64_t k1, int mr,
+                     int nr, const char *x, size_t ldx, const char *w,
+                     size_t ldw, float *out, size_t ldo, __m256 *pk,
+                     const char *pf)
+{
+    const int NR = t_nr(T);
+
+    if (nr == NR) {
+        switch (mr) {                   /* MR_MAX cases */
+        case 4: if (t_mr(T) >= 4) {
+                    tile(T, 4, NR, k, k0, k1, x, ldx, w, ldw, out, ldo, pk,
+                         pf);
+                }
+                return;
+        case 3: if (t_mr(T) >= 3) {
+                    tile(T, 3, NR, k, k0, k1, x, ldx, w, ldw, out, ldo, pk,
+                         pf);
+                }
+                return;
+        case 2: tile(T, 2, NR, k, k0, k1, x, ldx, w, ldw, out, ldo, pk, pf);
+                return;
+        case 1: tile(T, 1, NR, k, k0, k1, x, ldx, w, ldw, out, ldo, pk, pf);
+                return;
+        }
+    }
+    for (int i = 0; i < mr; i++) {
+        for (int j = 0; j < nr; j++) {
+            tile(T, 1, 1, k, k0, k1, x + i * ldx, ldx, w + j * ldw, ldw,
+                 out + i * ldo + j, ldo, pk + PARK(j, i, 0), pf);
+        }
+    }
+}
+
+
+/* ---- matmul: blocking for the caches ---------------------------------------- */
+
+/* f types and stored q types with more than one activation row: panels
+ * of weight rows that fit L2 (PANEL_L2 bytes, at most PANEL_MAX rows),
+ * each run against every tile of activation rows in turn, k in blocks of
+ * KC so that the tile's block of activations stays in L1 while the
+ * panel's weight tiles stream past it from L2. Between blocks the
+ * accumulators themselves (not sums) are parked, so a blocked output
+ * sees exactly the operations of an unblocked one. */
+INLINE void gemm_panels(const int T, int64_t k, int mr, int nr,
+                        const char *x, size_t ldx, const char *w, size_t ldw,
+                        float *out, size_t ldo)
+{
+    const int MR = t_mr(T), NR = t_nr(T);
+    __m256    park[PANEL_MAX * MR_MAX * ACC_MAX];
+    int       panel = (int) (PANEL_L2 / ldw) / NR * NR;
+
+    panel = panel < NR ? NR : panel > PANEL_MAX ? PANEL_MAX : panel;
+    for (int p0 = 0; p0 < nr; p0 += panel) {
+        int pn = nr - p0 < panel ? nr - p0 : panel;
+
+        for (int i0 = 0; i0 < mr; i0 += MR) {
+            int m = mr - i0 < MR ? mr - i0 : MR;
+
+            for (int64_t k0 = 0; k0 < k; k0 += KC) {
+                int64_t k1 = k - k0 <= KC ? k : k0 + KC;
+
+                for (int j = 0; j < pn; j += NR) {
+                    tile_any(T, k, k0, k1, m, pn - j < NR ? pn - j : NR,
+                             x + (size_t) i0 * ldx, ldx,
+                             w + (size_t) (p0 + j) * ldw, ldw,
+                             out + (size_t) i0 * ldo + p0 + j, ldo,
+                             park + PARK(j, 0, 0), NULL);
+                }
+            }
+        }
+    }
+}
+
+/* Repacked q types, activation rows i .. i + m of a block against the X_S
+ * weight rows (or fewer, ns, at the end of a matrix) at w over [k0, k1):
+ * (X_MR x X_NR) tiles, the activation tile outer, so each is read from
+ * L2 once per X_S weight rows while those stay in L1. The first tile
+ * prefetches the rows X_S further on (the others would only ask again
+ * for lines already on their way). pk: the block's park (NULL: k is
+ * not blocked). */
+INLINE void stream_rows(const int T, int64_t k, int64_t k0, int64_t k1,
+                        int m, int ns, const char *x, size_t ldx,
+                        const char *w, size_t ldw, float *out, size_t ldo,
+                        __m256 *pk)
+{
+    for (int i = 0; i < m; i += X_MR) {
+        int     mi = m - i < X_MR ? m - i : X_MR;
+        __m256 *pt = pk != NULL ? pk + i / X_MR * X_PARK_TILE : NULL;
+
+        for (int j = 0; j < ns; j += X_NR) {
+            tile_any(T, k, k0, k1, mi, ns - j < X_NR ? ns - j : X_NR,
+                     x + (size_t) i * ldx, ldx, w + (size_t) j * ldw, ldw,
+                     out + (size_t) i * ldo + j, ldo,
+                     pt != NULL ? pt + PARK(j, 0, 0) : NULL,
+                     i == 0 ? w + (size_t) (j + X_S) * ldw : NULL);
+        }
+    }
+}
+
+/* Repacked q types with more than one activation row: X_S weight rows at a
+ * time against every row of a block of activations that fits in L2
+ * (X_BLOCK). The weight rows come from memory once per block, front to
+ * back, while the tiles prefetch the next X_S; rows longer than X_KB
+ * elements go in blocks of k, every tile parking its accumulators between
+ * them, so the rows and an activation tile stay in L1. Every output runs
+ * the one tile body, so the bits are those of any shape. */
+INLINE void gemm_stream(const int T, int64_t k, int mr, int nr,
+                        const char *x, size_t ldx, const char *w, size_t ldw,
+                        float *out, size_t ldo)
+{
+    __m256  park[X_PARK_ROWS / X_MR * X_PARK_TILE];
+    __m256 *pk = k > X_KB ? park : NULL;
+    int     xb = (int) (X_BLOCK / ldx) / X_MR * X_MR;
+
+    xb = xb < X_MR ? X_MR : xb;
+    xb = pk != NULL && xb > X_PARK_ROWS ? X_PARK_ROWS : xb;
+    for (int i0 = 0; i0 < mr; i0 += xb) {
+        int         m = mr - i0 < xb ? mr - i0 : xb;
+        const char *xi = x + (size_t) i0 * ldx;
+        float      *oi = out + (size_t) i0 * ldo;
+
+        for (int j = 0; j < nr; j += X_S) {
+            int ns = nr - j < X_S ? nr - j : X_S;
+
+            for (int64_t k0 = 0; k0 < k; k0 += X_KB) {
+                int64_t k1 = k - k0 <= X_KB ? k : k0 + X_KB;
+
+                stream_rows(T, k, k0, k1, m, ns, xi, ldx,
+                            w + (size_t) j * ldw, ldw, oi + j, ldo, pk);
+            }
+        }
+    }
+}
+
+/* The gemm of one weight type: out (mr, nr) for any mr <= GEMM_MR_MAX and
+ * nr. One activation row (decode) runs tiles over whole rows, front to
+ * back. */
 INLINE void gemm_any(const int T, int64_t k, int mr, int nr, const char *x,
                      size_t ldx, const char *w, size_t ldw, float *out,
                      size_t ldo)
 {
-    const int NR = t_nr(T);
-    int       j = 0;
+    if (mr == 1) {
+        /* f types and stored q types: (1 x NR) tiles, NR rows' chains of
+         * FMAs at once (one row at a time waited on the FMA latency: f16
+         * decode of the 1B model went from 9 to 13 tokens/s); repacked
+         * rows one at a time (two at once slowed q8_0 decode by 20%). */
+        const int NR = T <= T_Q4 ? t_nr(T) : 1;
+        int       j = 0;
 
-    if (mr > 1) {
         for (; j + NR <= nr; j += NR) {
-            const char *wj = w + (size_t) j * ldw;
-
-            switch (mr) {               /* MR_MAX cases */
-            case 3: if (T <= T_BF16) tile(T, 3, NR, k, x, ldx, wj, ldw,
-                                          out + j, ldo);
-                    break;
-            case 2: tile(T, 2, NR, k, x, ldx, wj, ldw, out + j, ldo); break;
-            }
+            tile(T, 1, NR, k, 0, k, x, ldx, w + (size_t) j * ldw, ldw,
+                 out + j, ldo, NULL, NULL);
         }
-    }
-    for (; j < nr; j++) {
-        for (int i = 0; i < mr; i++) {
-            tile(T, 1, 1, k, x + i * ldx, ldx, w + (size_t) j * ldw, ldw,
-                 out + i * ldo + j, ldo);
+        for (; j < nr; j++) {
+            tile(T, 1, 1, k, 0, k, x, ldx, w + (size_t) j * ldw, ldw,
+                 out + j, ldo, NULL, NULL);
         }
+    } else if (T >= T_Q8X) {
+        gemm_stream(T, k, mr, nr, x, ldx, w, ldw, out, ldo);
+    } else {
+        gemm_panels(T, k, mr, nr, x, ldx, w, ldw, out, ldo);
     }
 }
 
@@ -282,6 +661,8 @@ GEMM_FN(gemm_f16, T_F16)
 GEMM_FN(gemm_bf16, T_BF16)
 GEMM_FN(gemm_q8_0, T_Q8)
 GEMM_FN(gemm_q4_0, T_Q4)
+GEMM_FN(gemm_q8_0x, T_Q8X)
+GEMM_FN(gemm_q4_0x, T_Q4X)
 
 
 /* ---- activation conversion ------------------------------------------------ */
@@ -326,19 +707,64 @@ static void quantize_q8_0(const float *x, BlockQ8_0 *y, int64_t k) {
 }
 
 static size_t xq_bytes(int64_t k) {
-    return (size_t) (k / QK) * 64;
+    return (size_t) (k / QK) * XQ_BLOCK;
 }
 
+/* The stored-q activation layout: per block the 32 signed bytes, then the
+ * scale spread over 8 floats. */
 static void xq_conv(const float *x, void *y, int64_t k) {
     char *o = y;
 
-    for (int64_t b = 0; b < k / QK; b++, o += 64) {
+    for (int64_t b = 0; b < k / QK; b++, o += XQ_BLOCK) {
         __m256i q;
         float   d = f16_to_f32(quant_block(x + b * QK, &q));
 
         _mm256_storeu_si256((__m256i *) o, q);
         _mm256_storeu_ps((float *) (o + 32), _mm256_set1_ps(d));
     }
+}
+
+static size_t xg_bytes(int64_t k) {
+    return (size_t) (k / 512) * XG_STEP + xq_bytes(k % 512);
+}
+
+/* The WL_X16 activation layout: per group of 512 elements two halves,
+ * each 8 chunks of 32 bytes (chunk c's lane i holding elements 4c..4c+3
+ * of block 8h + i), then -8 * sum of each block (int32, for q4_0) and the
+ * 8 block scales (f32); the elements past the last group as xq_conv
+ * writes them. The blocks are quantized as everywhere else. */
+static void xg_conv(const float *x, void *y, int64_t k) {
+    char *o = y;
+
+    for (int64_t g = 0; g < k / 512; g++) {
+        for (int h = 0; h < 2; h++, o += XG_HALF) {
+            int32_t q[8][8], c[8];
+            float   d[8];
+
+            for (int i = 0; i < 8; i++) {
+                __m256i v, s;
+
+                d[i] = f16_to_f32(quant_block(x + g * 512 + (8 * h + i) * QK,
+                                              &v));
+                _mm256_storeu_si256((__m256i *) q[i], v);
+                /* sum of the 32 bytes: widen to 16 bits, add pairs */
+                s = _mm256_madd_epi16(_mm256_maddubs_epi16(
+                        _mm256_set1_epi8(1), v), _mm256_set1_epi16(1));
+                s = _mm256_add_epi32(s, _mm256_srli_si256(s, 8));
+                s = _mm256_add_epi32(s, _mm256_srli_si256(s, 4));
+                c[i] = -8 * (_mm256_extract_epi32(s, 0)
+                             + _mm256_extract_epi32(s, 4));
+            }
+            for (int ch = 0; ch < 8; ch++) {
+                for (int i = 0; i < 8; i++) {
+                    memcpy(o + 32 * ch + 4 * i, &q[i][ch], 4);
+                }
+            }
+            memcpy(o + 256, c, sizeof(c));
+            memcpy(o + 288, d, sizeof(d));
+        }
+    }
+    xq_conv(x + k / 512 * 512, o, k % 512);
 }
 
 
@@ -410,6 +836,141 @@ static void axpy_f16(float *y, float a, const uint16_t *x, int64_t n) {
     for (; i < n; i++) y[i] += a * f16_to_f32(x[i]);
 }
 
+
+/* Sums of 8 vectors as one: lane r is the sum of a[r]'s 8 lanes, by the
+ * same tree for every r ((0+1)+(2+3)) + ((4+5)+(6+7)), so a key's score
+ * does not depend on its place among the 8. */
+INLINE __m256 hsum8(const __m256 a[8]) {
+    __m256 s01 = _mm256_hadd_ps(a[0], a[1]), s23 = _mm256_hadd_ps(a[2], a[3]);
+    __m256 s45 = _mm256_hadd_ps(a[4], a[5]), s67 = _mm256_hadd_ps(a[6], a[7]);
+    __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);
+
+    /* s0123 holds keys 0-3 of lanes 0-3 low, of lanes 4-7 high */
+    return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20),
+                         _mm256_permute2f128_ps(s0123, s4567, 0x31));
+}
+
+/* Scores of 8 keys at once, one accumulator per key (dot_f16 row by row
+ * waited on one FMA chain per key). Keys past nr read the zero row. */
+INLINE __m256 scores8(const float *q, const uint16_t *k, int nr, int64_t hd)
+{
+    static const uint16_t zero[8];
+    __m256 acc[8];
+
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < hd; d += 8) {
+        __m256 qv = _mm256_loadu_ps(q + d);
+
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) {
+            const uint16_t *kr = r < nr ? k + r * hd + d : zero;
+
+            acc[r] = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128(
+                (const __m128i *) kr)), acc[r]);
+        }
+    }
+    return hsum8(acc);
+}
+
+/* Heads whose width is not a multiple of 8 go row by row through dot_f16,
+ * which depends on nothing but the row either. */
+static float scores_f16(float *s, const float *q, const uint16_t *k,
+                        int64_t n, int64_t hd, float scale)
+{
+    __m256  vs = _mm256_set1_ps(scale), vmax = _mm256_set1_ps(-INFINITY);
+    float   max = -INFINITY, out[8];
+    int64_t r0 = 0;
+
+    if (hd % 8 != 0) {
+        for (int64_t r = 0; r < n; r++) {
+            s[r] = dot_f16(k + r * hd, q, hd) * scale;
+            max = s[r] > max ? s[r] : max;
+        }
+        return max;
+    }
+    for (; r0 + 8 <= n; r0 += 8) {
+        __m256 sc = _mm256_mul_ps(scores8(q, k + r0 * hd, 8, hd), vs);
+
+        _mm256_storeu_ps(s + r0, sc);
+        vmax = _mm256_max_ps(vmax, sc);
+    }
+    _mm256_storeu_ps(out, vmax);
+    for (int i = 0; i < 8; i++) max = out[i] > max ? out[i] : max;
+    if (r0 < n) {
+        int nr = (int) (n - r0);
+
+        _mm256_storeu_ps(out, _mm256_mul_ps(scores8(q, k + r0 * hd, nr, hd),
+                                            vs));
+        for (int i = 0; i < nr; i++) {
+            s[r0 + i] = out[i];
+            max = out[i] > max ? out[i] : max;
+        }
+    }
+    return max;
+}
+
+/* NC * 8 columns of mix_f16 from d0: even rows into one set of NC
+ * accumulators (which starts from y), odd rows into another, added at the
+ * end: one set made every row wait on the FMA latency. */
+INLINE void mix_cols(const int NC, float *y, const float *p,
+                     const uint16_t *v, int64_t n, int64_t hd)
+{
+    __m256  a0[4], a1[4];
+    int64_t r = 0;
+
+#pragma GCC unroll 4
+    for (int c = 0; c < NC; c++) {
+        a0[c] = _mm256_loadu_ps(y + c * 8);
+        a1[c] = _mm256_setzero_ps();
+    }
+    for (; r + 2 <= n; r += 2) {
+        __m256          p0 = _mm256_set1_ps(p[r]);
+        __m256          p1 = _mm256_set1_ps(p[r + 1]);
+        const uint16_t *v0 = v + r * hd, *v1 = v0 + hd;
+
+#pragma GCC unroll 4
+        for (int c = 0; c < NC; c++) {
+            a0[c] = _mm256_fmadd_ps(p0, _mm256_cvtph_ps(_mm_loadu_si128(
+                (const __m128i *) (v0 + c * 8))), a0[c]);
+            a1[c] = _mm256_fmadd_ps(p1, _mm256_cvtph_ps(_mm_loadu_si128(
+                (const __m128i *) (v1 + c * 8))), a1[c]);
+        }
+    }
+    if (r < n) {
+        __m256 p0 = _mm256_set1_ps(p[r]);
+
+#pragma GCC unroll 4
+        for (int c = 0; c < NC; c++) {
+            a0[c] = _mm256_fmadd_ps(p0, _mm256_cvtph_ps(_mm_loadu_si128(
+                (const __m128i *) (v + r * hd + c * 8))), a0[c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < NC; c++) {
+        _mm256_storeu_ps(y + c * 8, _mm256_add_ps(a0[c], a1[c]));
+    }
+}
+
+/* 32 columns at a time, then 8, 16 or 24. Heads whose width is not a
+ * multiple of 8 go row by row through axpy_f16. The order depends only on
+ * n, as vec.h asks. */
+static void mix_f16(float *y, const float *p, const uint16_t *v, int64_t n,
+                    int64_t hd)
+{
+    int64_t d0 = 0;
+
+    if (hd % 8 != 0) {
+        for (int64_t r = 0; r < n; r++) axpy_f16(y, p[r], v + r * hd, hd);
+        return;
+    }
+    for (; d0 + 32 <= hd; d0 += 32) mix_cols(4, y + d0, p, v + d0, n, hd);
+    switch ((hd - d0) / 8) {
+    case 3: mix_cols(3, y + d0, p, v + d0, n, hd); break;
+    case 2: mix_cols(2, y + d0, p, v + d0, n, hd); break;
+    case 1: mix_cols(1, y + d0, p, v + d0, n, hd); break;
+    }
+}
 
 /* ---- elementwise ------------------------------------------------------------ */
 
@@ -511,17 +1072,21 @@ static void scale(float *y, float s, int64_t n) {
 const CpuVec cpu_vec_avx2 = {
     .name = "avx2",
     .mm = {
-        { DT_F32,  gemm_f32,  F_MR, F_NR, NULL, NULL },
-        { DT_F32,  gemm_f16,  F_MR, F_NR, NULL, NULL },
-        { DT_F32,  gemm_bf16, F_MR, F_NR, NULL, NULL },
-        { DT_Q8_0, gemm_q8_0, Q_MR, Q_NR, xq_conv, xq_bytes },
-        { DT_Q8_0, gemm_q4_0, Q_MR, Q_NR, xq_conv, xq_bytes },
+        { DT_F32,  gemm_f32,  GEMM_MR_MAX, F_NR, NULL, NULL },
+        { DT_F32,  gemm_f16,  GEMM_MR_MAX, F_NR, NULL, NULL },
+        { DT_F32,  gemm_bf16, GEMM_MR_MAX, F_NR, NULL, NULL },
+        { DT_Q8_0, gemm_q8_0, GEMM_MR_MAX, Q_NR, xq_conv, xq_bytes },
+        { DT_Q8_0, gemm_q4_0, GEMM_MR_MAX, Q_NR, xq_conv, xq_bytes },
+        { DT_Q8_0, gemm_q8_0x, GEMM_MR_MAX, X_S, xg_conv, xg_bytes },
+        { DT_Q8_0, gemm_q4_0x, GEMM_MR_MAX, X_S, xg_conv, xg_bytes },
     },
     .quantize_q8_0 = quantize_q8_0,
     .to_f16 = to_f16,
     .dequantize = dequantize,
     .dot_f16 = dot_f16,
     .axpy_f16 = axpy_f16,
+    .scores_f16 = scores_f16,
+    .mix_f16 = mix_f16,
     .sum_sq = sum_sq,
     .scale_mul = scale_mul,
     .silu_mul = silu_mul,
