@@ -6,7 +6,8 @@
  *   f32, f16, bf16 weights: 8 elements per step, one accumulator per
  *     output, 4x3 tiles: 12 accumulators, 3 weight vectors, 1 activation
  *     vector, 7 loads per 12 FMAs (3x2 tiles with two accumulators each
- *     ran 5 per 6, 10-20% slower in prefill); decode runs 1x3 tiles, so
+ *     ran 5 per 6: F16
+ *     prefill of the 1B model 15-35% slower); decode runs 1x3 tiles, so
  *     three chains of FMAs hide the latency. f16 widens with vcvtph2ps,
  *     bf16 with a zero-extend and a shift.
  *   q8_0, q4_0 weights as stored: one block (32 elements) per step.
@@ -630,7 +631,7 @@ INLINE void gemm_any(const int T, int64_t k, int mr, int nr, const char *x,
     if (mr == 1) {
         /* f types and stored q types: (1 x NR) tiles, NR rows' chains of
          * FMAs at once (one row at a time waited on the FMA latency: f16
-         * decode of the 1B model went from 9 to 13 tokens/s); repacked
+         * decode of the 1B model ran 9-11 tokens/s, 11-13.5 now); repacked
          * rows one at a time (two at once slowed q8_0 decode by 20%). */
         const int NR = T <= T_Q4 ? t_nr(T) : 1;
         int       j = 0;
