@@ -6,8 +6,8 @@
  *   f32, f16, bf16 weights: 8 elements per step, one accumulator per
  *     output, 4x3 tiles: 12 accumulators, 3 weight vectors, 1 activation
  *     vector, 7 loads per 12 FMAs (3x2 tiles with two accumulators each
- *     ran 5 per 6: F16
- *     prefill of the 1B model 15-35% slower); decode runs 1x3 tiles, so
+ *     ran 5 per 6: F16 prefill of the 1B model 15-35% slower); decode
+ *     runs 1x3 tiles, so
  *     three chains of FMAs hide the latency. f16 widens with vcvtph2ps,
  *     bf16 with a zero-extend and a shift.
  *   q8_0, q4_0 weights as stored: one block (32 elements) per step.
