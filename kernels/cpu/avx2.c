@@ -7,9 +7,8 @@
  *     output, 4x3 tiles: 12 accumulators, 3 weight vectors, 1 activation
  *     vector, 7 loads per 12 FMAs (3x2 tiles with two accumulators each
  *     ran 5 per 6: F16 prefill of the 1B model 15-35% slower); decode
- *     runs 1x3 tiles, so
- *     three chains of FMAs hide the latency. f16 widens with vcvtph2ps,
- *     bf16 with a zero-extend and a shift.
+ *     runs 1x3 tiles, so three chains of FMAs hide the latency. f16
+ *     widens with vcvtph2ps, bf16 with a zero-extend and a shift.
  *   q8_0, q4_0 weights as stored: one block (32 elements) per step.
  *     Without VNNI the int8 dot is vpmaddubsw, unsigned x signed with a
  *     saturating 16-bit pair sum, so both operands must stay below 128 in
