@@ -389,18 +389,12 @@ static void conn_error(Frontend *fe, Conn *c, int status, const char *param,
                        const char *code, const char *msg)
 {
     uint8_t   buf[OMNI_MAX_ERROR];
-    OmniError e = { 0 };
+    OmniError e;
     size_t    len;
 
-    e.status = (uint16_t) status;
-    e.type = status < 500 ? "invalid_request_error" : "server_error";
-    e.type_len = strlen(e.type);
-    e.param = param;
-    e.param_len = param != NULL ? strnlen(param, 256) : 0;
-    e.code = code;
-    e.code_len = code != NULL ? strnlen(code, 256) : 0;
-    e.message = msg;
-    e.message_len = strnlen(msg, OMNI_MAX_ERROR / 2);
+    omni_error_set(&e, status, status < 500 ? "invalid_request_error"
+                                            : "server_error",
+                   param, code, msg);
     len = omni_error_encode(buf, &e);
     metrics_error(&fe->metrics, status, code, e.code_len);
     if (frame_put(&c->wr, OMNI_F_ERROR, buf, len) != 0) {

@@ -36,7 +36,9 @@
  * and stray non-ASCII characters outside strings are left to yajl to
  * report. When the text is refused, omni_json_path() names the value it
  * was found in ("messages[0].content") and omni_json_utf8_what() says what
- * was found, in the same words for the module and the engine.
+ * was found, in the same words for the module and the engine;
+ * omni_utf8_cut() cuts text to fit a field without splitting a character
+ * (omni_proto.h's ERROR events).
  * Header-only so that the module needs nothing from the engine but
  * headers. */
 
@@ -126,6 +128,29 @@ static inline size_t omni_utf8_valid(const char *s, size_t len)
         i += k;
     }
     return len;
+}
+
+/* The length of the longest prefix of the NUL-terminated s that has at
+ * most max bytes and does not end inside a character: all of s when it
+ * fits. A byte that starts no well-formed character counts as one, so an
+ * ill-formed s is cut too, but never through a well-formed character.
+ * Reads at most max + 4 bytes of s. Can't fail. Not inlined: inlined
+ * into a caller that passes a short literal, gcc's -Warray-bounds sees
+ * omni_utf8_char read past it on the path the length check rules out. */
+__attribute__((noinline, unused))
+static size_t omni_utf8_cut(const char *s, size_t max)
+{
+    const unsigned char *u = (const unsigned char *) s;
+    size_t               n = strnlen(s, max + 4), i = 0, k;
+
+    if (n <= max) return n;
+    while (i < max) {
+        k = omni_utf8_char(u + i, n - i);
+        if (k == 0) k = 1;
+        if (i + k > max) break;
+        i += k;
+    }
+    return i;
 }
 
 /* How many bytes of the ill-formed sequence at s (n > 0 bytes) to show: the

@@ -56,6 +56,8 @@
 #include <sys/random.h>
 #include <sys/types.h>
 
+#include "json_scan.h"
+
 /* 2: DONE carries the seed (24 bytes, was 16). A module and an engine of
  * different versions refuse each other's frames by name instead of
  * misreading them (a binary upgrade keeps the old engine running). */
@@ -265,9 +267,9 @@ static inline size_t omni_error_size(size_t type_len, size_t param_len,
     return 2 + 8 + type_len + param_len + code_len + message_len;
 }
 
-/* Writes an ERROR payload (omni_error_size bytes) to p. Strings longer
- * than fit are the caller's to cut: each must be < 65536 bytes and the
- * total <= OMNI_MAX_ERROR. Returns the bytes written. */
+/* Writes an ERROR payload (omni_error_size bytes) to p. Each string must
+ * be < 65536 bytes and the total <= OMNI_MAX_ERROR, as omni_error_set
+ * (below) makes them. Returns the bytes written. */
 static inline size_t omni_error_encode(uint8_t *p, const OmniError *e) {
     const char *s[4] = { e->type, e->param, e->code, e->message };
     size_t      n[4] = { e->type_len, e->param_len, e->code_len,
@@ -281,6 +283,35 @@ static inline size_t omni_error_encode(uint8_t *p, const OmniError *e) {
         off += 2 + n[i];
     }
     return off;
+}
+
+/* The most bytes omni_error_set keeps of type, param and code. */
+#define OMNI_ERROR_FIELD_MAX 256
+
+/* Points e at these strings, cut to fit one ERROR event: type, param and
+ * code to OMNI_ERROR_FIELD_MAX bytes, the message to what is left of
+ * OMNI_MAX_ERROR. Every cut falls between characters (omni_utf8_cut), so
+ * the client never sees half of one. param and code may be NULL (the
+ * field is then null on the wire); the strings must outlive e. */
+static inline void omni_error_set(OmniError *e, int status, const char *type,
+                                  const char *param, const char *code,
+                                  const char *message)
+{
+    size_t room;
+
+    e->status = (uint16_t) status;
+    e->type = type;
+    e->type_len = omni_utf8_cut(type, OMNI_ERROR_FIELD_MAX);
+    e->param = param;
+    e->param_len = param != NULL ? omni_utf8_cut(param, OMNI_ERROR_FIELD_MAX)
+                                 : 0;
+    e->code = code;
+    e->code_len = code != NULL ? omni_utf8_cut(code, OMNI_ERROR_FIELD_MAX)
+                               : 0;
+    room = OMNI_MAX_ERROR - omni_error_size(e->type_len, e->param_len,
+                                            e->code_len, 0);
+    e->message = message;
+    e->message_len = omni_utf8_cut(message, room);
 }
 
 /* Decodes an ERROR payload of len bytes. Returns 0, or -1 when the lengths

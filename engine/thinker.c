@@ -162,34 +162,14 @@ static void ev_done(void *ud, uint64_t id, const OmniDone *d) {
     put_event(ud, id, OMNI_F_DONE, b, sizeof(b));
 }
 
-/* The message is cut, at a character boundary, to fit OMNI_MAX_ERROR. */
+/* omni_error_set cuts the strings, at character boundaries, to fit. */
 static void ev_error(void *ud, uint64_t id, int status, const char *type,
                      const char *param, const char *code, const char *msg)
 {
-    static const char *none = "";
     uint8_t   b[OMNI_MAX_ERROR];
     OmniError e;
-    size_t    room;
 
-    e.status = (uint16_t) status;
-    e.type = type;
-    e.type_len = strlen(type);
-    e.param = param != NULL ? param : none;
-    e.param_len = strlen(e.param);
-    e.code = code != NULL ? code : none;
-    e.code_len = strlen(e.code);
-    e.message = msg;
-    e.message_len = strlen(msg);
-    room = OMNI_MAX_ERROR - omni_error_size(e.type_len, e.param_len,
-                                            e.code_len, 0);
-    if (e.message_len > room) {
-        e.message_len = room;
-        while (e.message_len > 0
-               && ((uint8_t) msg[e.message_len] & 0xc0) == 0x80)
-        {
-            e.message_len--;
-        }
-    }
+    omni_error_set(&e, status, type, param, code, msg);
     put_event(ud, id, OMNI_F_ERROR, b, omni_error_encode(b, &e));
 }
 
