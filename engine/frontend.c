@@ -1700,8 +1700,7 @@ static void frontend_init(Frontend *fe, const ServeConfig *cfg) {
     fe->next_id = 1;
     fe->created = (long long) time(NULL);
     fe->max_model_len = cfg->ctx;
-    snprintf(fe->model_id, sizeof(fe->model_id), "%s",
-             cfg->model_name != NULL ? cfg->model_name : "model");
+    serve_model_name(cfg, fe->model_id, sizeof(fe->model_id));
     frame_reader_init(&fe->srd, OMNI_DIR_STAGE);
     frame_writer_init(&fe->swr);
     metrics_init(&fe->metrics);

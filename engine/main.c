@@ -589,22 +589,6 @@ static const char *const SERVE_FLAGS[] = {
     "mmap", "no-prefix-cache", "replace", NULL
 };
 
-/* The served name when --model-name is not given: the file's name
- * without its directory and ".gguf". */
-static const char *default_name(const char *path, char *buf, size_t cap) {
-    const char *base = strrchr(path, '/');
-    size_t      n;
-
-    base = base != NULL ? base + 1 : path;
-    n = strlen(base);
-    if (n > 5 && strcmp(base + n - 5, ".gguf") == 0) n -= 5;
-    if (n == 0 || n >= cap) die("option '--model-name' is needed for '%s'",
-                                path);
-    memcpy(buf, base, n);
-    buf[n] = '\0';
-    return buf;
-}
-
 static LogLevel parse_log_level(const char *s) {
     static const char *names[] = { "debug", "info", "warn", "error" };
 
@@ -620,11 +604,19 @@ static LogLevel parse_log_level(const char *s) {
 static void read_serve(const Opts *o, ServeConfig *c, char *name, size_t cap)
 {
     const char *mn = opt_str(o, "model-name", NULL);
+    size_t      n;
 
     c->model_path = model_path(o);
     c->socket_path = opt_str(o, "socket", NULL);
     if (mn != NULL && mn[0] == '\0') die("option '--model-name' is empty");
-    c->model_name = mn != NULL ? mn : default_name(c->model_path, name, cap);
+    c->model_name = mn;
+    if (mn == NULL) {
+        n = serve_model_name(c, name, cap);
+        if (n == 0 || n >= cap) {
+            die("option '--model-name' is needed for '%s'", c->model_path);
+        }
+        c->model_name = name;
+    }
     c->threads = (int) opt_int(o, "threads", 0, 0, 1024);
     c->isa = isa_option(o);
     c->mmap = opt_flag(o, "mmap");

@@ -16,6 +16,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "log.h"
 
@@ -50,6 +51,31 @@ typedef struct {
                                     //   start beside it, take its place
                                     //   once ready (frontend.c)
 } ServeConfig;
+
+/* The one rule for the name a model is served under (main.c's default,
+ * the thinker's READY id, the frontend's id until READY): cfg->model_name
+ * when set and not empty, else the model file's name without its
+ * directory and ".gguf". Writes it to out (cap > 0 bytes), cut to fit, and
+ * returns its whole length as snprintf does: cap or more means it was cut.
+ * Can't fail. */
+static inline size_t serve_model_name(const ServeConfig *cfg, char *out,
+                                      size_t cap)
+{
+    const char *s = cfg->model_name;
+    size_t      n;
+
+    if (s != NULL && s[0] != '\0') {
+        n = strlen(s);
+    } else {
+        s = strrchr(cfg->model_path, '/');
+        s = s != NULL ? s + 1 : cfg->model_path;
+        n = strlen(s);
+        if (n > 5 && strcmp(s + n - 5, ".gguf") == 0) n -= 5;
+    }
+    memcpy(out, s, n < cap ? n : cap - 1);
+    out[n < cap ? n : cap - 1] = '\0';
+    return n;
+}
 
 /* The frontend. argv (argc entries) are the serve options exactly as given,
  * passed on to the stage it starts. Returns 0 after a clean SIGTERM/SIGINT

@@ -480,22 +480,6 @@ static int read_frames(Thinker *t, Err *err) {
 
 /* ---- Startup ------------------------------------------------------------ */
 
-/* The served id: cfg->model_name, else the file name without directory
- * and ".gguf". */
-static void served_name(const ServeConfig *cfg, char *out, size_t cap) {
-    const char *base = strrchr(cfg->model_path, '/');
-    size_t      n;
-
-    if (cfg->model_name != NULL && cfg->model_name[0] != '\0') {
-        snprintf(out, cap, "%s", cfg->model_name);
-        return;
-    }
-    base = base != NULL ? base + 1 : cfg->model_path;
-    n = strlen(base);
-    if (n > 5 && strcmp(base + n - 5, ".gguf") == 0) n -= 5;
-    snprintf(out, cap, "%.*s", (int) n, base);
-}
-
 static int load_model(Thinker *t, Err *err) {
     const ServeConfig *cfg = t->cfg;
     GGUFStr            tmpl = { NULL, 0 };
@@ -708,7 +692,7 @@ static int thinker_start(Thinker *t, int stats_fd, Err *err) {
     const ServeConfig *cfg = t->cfg;
     int64_t            n_ctx;
 
-    served_name(cfg, t->name, sizeof(t->name));
+    serve_model_name(cfg, t->name, sizeof(t->name));
     if (load_model(t, err) != 0) return -1;
     n_ctx = t->m.c.n_ctx;
     t->ctx = cfg->ctx > 0 ? cfg->ctx
