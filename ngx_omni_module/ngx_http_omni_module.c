@@ -459,6 +459,11 @@ ngx_http_omni_check(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     rc = ngx_http_omni_auth(r, olcf, err);
 
     if (rc != NGX_OK) {
+
+        /* only a refused key is an auth failure: NGX_ERROR is out of
+         * memory, a 500 the handler returns and the error page filter
+         * makes a server_error */
+
         if (rc == NGX_DECLINED) {
             ngx_http_omni_count(r, NGX_HTTP_OMNI_M_AUTH_FAILED);
         }
@@ -488,7 +493,8 @@ ngx_http_omni_check(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
  * "Authorization: Bearer KEY" against omni_api_keys: every key is
  * compared, each in time that does not depend on where the bytes differ.
  * NGX_OK; NGX_DECLINED with err filled (a 401, WWW-Authenticate added);
- * NGX_ERROR.
+ * NGX_ERROR when memory ran out, err left as it was: a server fault, not
+ * a refused key (nginx's allocator has logged it, at emerg).
  *
  * Neither the header nor the key is ever logged, at any level, nor
  * echoed in the error. (nginx itself logs a duplicate Authorization line,
@@ -566,7 +572,8 @@ ngx_http_omni_auth(ngx_http_request_t *r, ngx_http_omni_loc_conf_t *olcf,
 
 /* The 401, with the WWW-Authenticate it must carry (RFC 9110 11.6.1),
  * added here only, once the key is refused: no other answer has it.
- * Returns NGX_DECLINED, or NGX_ERROR. */
+ * Returns NGX_DECLINED; NGX_ERROR (out of memory) before err is touched,
+ * so that a 401 is never half made. */
 
 static ngx_int_t
 ngx_http_omni_unauthorized(ngx_http_request_t *r, ngx_http_omni_error_t *err,
@@ -574,6 +581,10 @@ ngx_http_omni_unauthorized(ngx_http_request_t *r, ngx_http_omni_error_t *err,
 {
     static ngx_str_t  www_key = ngx_string("WWW-Authenticate");
     static ngx_str_t  www_value = ngx_string("Bearer");
+
+    if (ngx_http_omni_add_header(r, &www_key, &www_value) != NGX_OK) {
+        return NGX_ERROR;
+    }
 
     err->status = NGX_HTTP_UNAUTHORIZED;
     ngx_str_set(&err->type, "invalid_request_error");
@@ -584,10 +595,6 @@ ngx_http_omni_unauthorized(ngx_http_request_t *r, ngx_http_omni_error_t *err,
     if (code != NULL) {
         err->code.data = (u_char *) code;
         err->code.len = ngx_strlen(code);
-    }
-
-    if (ngx_http_omni_add_header(r, &www_key, &www_value) != NGX_OK) {
-        return NGX_ERROR;
     }
 
     return NGX_DECLINED;

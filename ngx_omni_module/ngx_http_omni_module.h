@@ -63,6 +63,19 @@ typedef struct {
 } ngx_http_omni_error_t;
 
 
+/* How the engine itself failed a request, as opposed to an ERROR frame
+ * it sent: each has one OpenAI error (ngx_http_omni_engine_fault()). */
+typedef enum {
+    NGX_HTTP_OMNI_ENGINE_DOWN = 0,  /* 503: not reached */
+    NGX_HTTP_OMNI_ENGINE_GONE,      /* 503: took the request, then closed */
+    NGX_HTTP_OMNI_ENGINE_TIMEOUT,   /* 504: did not answer in time */
+    NGX_HTTP_OMNI_ENGINE_INVALID,   /* 502: sent a frame it should not */
+    NGX_HTTP_OMNI_ENGINE_CUT,       /* 502: closed a stream before DONE */
+    NGX_HTTP_OMNI_ENGINE_FAILED,    /* 502: failed during a stream */
+    NGX_HTTP_OMNI_ENGINE_FAULTS
+} ngx_http_omni_fault_e;
+
+
 /* What the OpenAI request body said, once parsed. */
 typedef struct {
     ngx_str_t                   model;      /* as the client named it */
@@ -234,6 +247,13 @@ ngx_int_t ngx_http_omni_send_response(ngx_http_request_t *r,
     ngx_uint_t status, ngx_str_t *content_type, ngx_buf_t *b);
 ngx_int_t ngx_http_omni_send_error(ngx_http_request_t *r,
     ngx_http_omni_error_t *err);
+/* The OpenAI error of an engine failure: err's fields point at static
+ * strings. */
+void ngx_http_omni_engine_fault(ngx_http_omni_fault_e fault,
+    ngx_http_omni_error_t *err);
+/* Retry-After: 1 when status is 503, the answer of an engine that may be
+ * back soon; nothing otherwise. */
+ngx_int_t ngx_http_omni_retry_after(ngx_http_request_t *r, ngx_uint_t status);
 /* Content-Type, with content_type_len the part before ";". */
 void ngx_http_omni_set_content_type(ngx_http_request_t *r, ngx_str_t *type);
 /* Adds a response header line; value must outlive the request. */

@@ -27,6 +27,10 @@
  * x-request-id, and replace nginx's own error pages there (a 413 for a
  * body over client_max_body_size, the 502 of an engine that cannot be
  * reached, ...) by OpenAI's error object, without error_page.
+ *
+ * The OpenAI error of each way the engine can fail a request (down, gone,
+ * late, invalid, cut short) and the Retry-After rule are written here
+ * once, for those pages and for the upstream callbacks alike.
  */
 
 
@@ -59,6 +63,55 @@ static ngx_http_output_body_filter_pt    ngx_http_next_body_filter;
 
 
 static ngx_str_t  ngx_http_omni_json_type = ngx_string("application/json");
+
+/*
+ * The engine's failures, by ngx_http_omni_fault_e: the only place their
+ * words are written. All are server_error; a 503 code engine_unavailable
+ * tells a client to try again (Retry-After), the others have no code.
+ */
+
+typedef struct {
+    ngx_uint_t                  status;
+    ngx_str_t                   code;
+    ngx_str_t                   message;
+} ngx_http_omni_fault_t;
+
+
+static ngx_http_omni_fault_t  ngx_http_omni_faults[] = {
+
+    /* NGX_HTTP_OMNI_ENGINE_DOWN */
+    { NGX_HTTP_SERVICE_UNAVAILABLE,
+      ngx_string("engine_unavailable"),
+      ngx_string("The engine is not available, please try again later.") },
+
+    /* NGX_HTTP_OMNI_ENGINE_GONE */
+    { NGX_HTTP_SERVICE_UNAVAILABLE,
+      ngx_string("engine_unavailable"),
+      ngx_string("The engine closed the connection before its answer was "
+                 "complete, please try again later.") },
+
+    /* NGX_HTTP_OMNI_ENGINE_TIMEOUT */
+    { NGX_HTTP_GATEWAY_TIME_OUT,
+      ngx_null_string,
+      ngx_string("The engine did not answer in time.") },
+
+    /* NGX_HTTP_OMNI_ENGINE_INVALID */
+    { NGX_HTTP_BAD_GATEWAY,
+      ngx_null_string,
+      ngx_string("The engine sent an invalid response.") },
+
+    /* NGX_HTTP_OMNI_ENGINE_CUT */
+    { NGX_HTTP_BAD_GATEWAY,
+      ngx_null_string,
+      ngx_string("The engine closed the stream before the end.") },
+
+    /* NGX_HTTP_OMNI_ENGINE_FAILED */
+    { NGX_HTTP_BAD_GATEWAY,
+      ngx_null_string,
+      ngx_string("The engine failed during the stream.") }
+};
+
+
 static ngx_str_t  ngx_http_omni_retry_key = ngx_string("Retry-After");
 static ngx_str_t  ngx_http_omni_retry_value = ngx_string("1");
 
@@ -224,17 +277,40 @@ ngx_http_omni_send_error(ngx_http_request_t *r, ngx_http_omni_error_t *err)
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
-    if (err->status == NGX_HTTP_SERVICE_UNAVAILABLE) {
-        if (ngx_http_omni_add_header(r, &ngx_http_omni_retry_key,
-                                     &ngx_http_omni_retry_value)
-            != NGX_OK)
-        {
-            return NGX_HTTP_INTERNAL_SERVER_ERROR;
-        }
+    if (ngx_http_omni_retry_after(r, err->status) != NGX_OK) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
     return ngx_http_omni_send_response(r, err->status,
                                        &ngx_http_omni_json_type, b);
+}
+
+
+void
+ngx_http_omni_engine_fault(ngx_http_omni_fault_e fault,
+    ngx_http_omni_error_t *err)
+{
+    ngx_http_omni_fault_t  *f;
+
+    f = &ngx_http_omni_faults[fault];
+
+    err->status = f->status;
+    ngx_str_set(&err->type, "server_error");
+    ngx_str_null(&err->param);
+    err->code = f->code;
+    err->message = f->message;
+}
+
+
+ngx_int_t
+ngx_http_omni_retry_after(ngx_http_request_t *r, ngx_uint_t status)
+{
+    if (status != NGX_HTTP_SERVICE_UNAVAILABLE) {
+        return NGX_OK;
+    }
+
+    return ngx_http_omni_add_header(r, &ngx_http_omni_retry_key,
+                                    &ngx_http_omni_retry_value);
 }
 
 
@@ -516,12 +592,7 @@ ngx_http_omni_error_page(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 
     r->headers_out.content_length_n = b->last - b->pos;
 
-    if (err->status == NGX_HTTP_SERVICE_UNAVAILABLE) {
-        return ngx_http_omni_add_header(r, &ngx_http_omni_retry_key,
-                                        &ngx_http_omni_retry_value);
-    }
-
-    return NGX_OK;
+    return ngx_http_omni_retry_after(r, err->status);
 }
 
 
@@ -576,14 +647,11 @@ ngx_http_omni_page_error(ngx_uint_t status, ngx_http_omni_error_t *err)
 
     case NGX_HTTP_BAD_GATEWAY:
     case NGX_HTTP_SERVICE_UNAVAILABLE:
-        err->status = NGX_HTTP_SERVICE_UNAVAILABLE;
-        ngx_str_set(&err->code, "engine_unavailable");
-        ngx_str_set(&err->message,
-                    "The engine is not available, please try again later.");
+        ngx_http_omni_engine_fault(NGX_HTTP_OMNI_ENGINE_DOWN, err);
         break;
 
     case NGX_HTTP_GATEWAY_TIME_OUT:
-        ngx_str_set(&err->message, "The engine did not answer in time.");
+        ngx_http_omni_engine_fault(NGX_HTTP_OMNI_ENGINE_TIMEOUT, err);
         break;
 
     default:

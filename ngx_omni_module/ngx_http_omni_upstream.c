@@ -565,9 +565,6 @@ ngx_http_omni_reply(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_chain_t          *cl;
     ngx_http_upstream_t  *u;
 
-    static ngx_str_t  retry_key = ngx_string("Retry-After");
-    static ngx_str_t  retry_value = ngx_string("1");
-
     u = r->upstream;
 
     len = 0;
@@ -586,11 +583,8 @@ ngx_http_omni_reply(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 
     ngx_http_omni_set_content_type(r, type);
 
-    if (status == NGX_HTTP_SERVICE_UNAVAILABLE) {
-        if (ngx_http_omni_add_header(r, &retry_key, &retry_value) != NGX_OK)
-        {
-            return NGX_ERROR;
-        }
+    if (ngx_http_omni_retry_after(r, status) != NGX_OK) {
+        return NGX_ERROR;
     }
 
     ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
@@ -646,11 +640,7 @@ ngx_http_omni_invalid_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
                       "omni engine sent invalid %s frame", what);
     }
 
-    ctx->err.status = NGX_HTTP_BAD_GATEWAY;
-    ngx_str_set(&ctx->err.type, "server_error");
-    ngx_str_set(&ctx->err.message, "The engine sent an invalid response.");
-    ngx_str_null(&ctx->err.param);
-    ngx_str_null(&ctx->err.code);
+    ngx_http_omni_engine_fault(NGX_HTTP_OMNI_ENGINE_INVALID, &ctx->err);
 
     return NGX_HTTP_UPSTREAM_INVALID_HEADER;
 }
@@ -1027,6 +1017,7 @@ ngx_http_omni_finalize_request(ngx_http_request_t *r, ngx_int_t rc)
     ngx_http_upstream_t    *u;
     ngx_http_omni_ctx_t    *ctx;
     ngx_http_omni_error_t   err;
+    ngx_http_omni_fault_e   fault;
 
     ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
                    "finalize http omni request: %i", rc);
@@ -1052,31 +1043,21 @@ ngx_http_omni_finalize_request(ngx_http_request_t *r, ngx_int_t rc)
             ngx_http_omni_count(r, NGX_HTTP_OMNI_M_UPSTREAM_ERROR);
 
             if (ctx->err.status == 0) {
-                ngx_str_set(&ctx->err.type, "server_error");
 
                 if (rc == NGX_HTTP_GATEWAY_TIME_OUT) {
-                    ctx->err.status = NGX_HTTP_GATEWAY_TIME_OUT;
-                    ngx_str_set(&ctx->err.message,
-                                "The engine did not answer in time.");
+                    fault = NGX_HTTP_OMNI_ENGINE_TIMEOUT;
 
                 } else if (u->request_sent) {
 
                     /* it took the request, then closed: it died */
 
-                    ctx->err.status = NGX_HTTP_SERVICE_UNAVAILABLE;
-                    ngx_str_set(&ctx->err.code, "engine_unavailable");
-                    ngx_str_set(&ctx->err.message,
-                                "The engine closed the connection before "
-                                "its answer was complete, please try "
-                                "again later.");
+                    fault = NGX_HTTP_OMNI_ENGINE_GONE;
 
                 } else {
-                    ctx->err.status = NGX_HTTP_SERVICE_UNAVAILABLE;
-                    ngx_str_set(&ctx->err.code, "engine_unavailable");
-                    ngx_str_set(&ctx->err.message,
-                                "The engine is not available, "
-                                "please try again later.");
+                    fault = NGX_HTTP_OMNI_ENGINE_DOWN;
                 }
+
+                ngx_http_omni_engine_fault(fault, &ctx->err);
             }
         }
 
@@ -1092,25 +1073,20 @@ ngx_http_omni_finalize_request(ngx_http_request_t *r, ngx_int_t rc)
 
     ngx_http_omni_count(r, NGX_HTTP_OMNI_M_UPSTREAM_ERROR);
 
-    ngx_memzero(&err, sizeof(ngx_http_omni_error_t));
-
-    err.status = (rc == NGX_HTTP_GATEWAY_TIME_OUT)
-                 ? NGX_HTTP_GATEWAY_TIME_OUT : NGX_HTTP_BAD_GATEWAY;
-    ngx_str_set(&err.type, "server_error");
-
     if (rc == 0) {
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                       "omni engine closed the stream before DONE");
 
-        ngx_str_set(&err.message,
-                    "The engine closed the stream before the end.");
+        fault = NGX_HTTP_OMNI_ENGINE_CUT;
 
     } else if (rc == NGX_HTTP_GATEWAY_TIME_OUT) {
-        ngx_str_set(&err.message, "The engine did not answer in time.");
+        fault = NGX_HTTP_OMNI_ENGINE_TIMEOUT;
 
     } else {
-        ngx_str_set(&err.message, "The engine failed during the stream.");
+        fault = NGX_HTTP_OMNI_ENGINE_FAILED;
     }
+
+    ngx_http_omni_engine_fault(fault, &err);
 
     if (ngx_http_omni_stream_error(r, ctx, &err) != NGX_OK) {
         return;

@@ -68,6 +68,8 @@ is($json->{object}, 'chat.completion', "$name: request $i answered");
 Retry-After: \d+
 --- check
 error_is($json, 'server_error', undef, 'engine_unavailable', $name);
+is($json->{error}{message},
+   'The engine is not available, please try again later.', "$name: message");
 
 
 
@@ -83,7 +85,9 @@ error_is($json, 'server_error', undef, 'engine_unavailable', $name);
 --- response_headers_like
 Content-Type: application/json
 --- check
-error_is($json, 'server_error', undef, '*', $name);
+error_is($json, 'server_error', undef, undef, $name);
+is($json->{error}{message}, 'The engine did not answer in time.',
+   "$name: message");
 
 
 
@@ -97,7 +101,9 @@ error_is($json, 'server_error', undef, '*', $name);
 ::stream('hang')
 --- error_code: 504
 --- check
-error_is($json, 'server_error', undef, '*', $name);
+error_is($json, 'server_error', undef, undef, $name);
+is($json->{error}{message}, 'The engine did not answer in time.',
+   "$name: message");
 
 
 
@@ -171,6 +177,9 @@ my $s = sse_parse($body, endpoint => 'chat', model => $::M);
 is($s->{text}, 'Hello', "$name: the text before");
 ok($s->{error}, "$name: an error event");
 is($s->{error}{type}, 'server_error', "$name: type server_error");
+is($s->{error}{code}, undef, "$name: code null");
+is($s->{error}{message}, 'The engine closed the stream before the end.',
+   "$name: message");
 like($body, qr/\A(?:data: [^\n]*\n\n)+\z/, "$name: whole events only");
 --- error_log
 closed the stream before DONE
@@ -187,6 +196,14 @@ closed the stream before DONE
 --- error_code_like: ^50[23]$
 --- check
 error_is($json, 'server_error', undef, '*', $name);
+if (defined $json->{error}{code}) {
+    # the 503 of an engine that took the request, then closed
+    is($json->{error}{code}, 'engine_unavailable', "$name: code");
+    is($json->{error}{message}, 'The engine closed the connection before '
+       . 'its answer was complete, please try again later.', "$name: message");
+} else {
+    like($json->{error}{message}, qr/^The engine /, "$name: message");
+}
 
 
 
@@ -199,7 +216,9 @@ error_is($json, 'server_error', undef, '*', $name);
 ::chat('bad-frame')
 --- error_code: 502
 --- check
-error_is($json, 'server_error', undef, '*', $name);
+error_is($json, 'server_error', undef, undef, $name);
+is($json->{error}{message}, 'The engine sent an invalid response.',
+   "$name: message");
 
 
 
@@ -215,6 +234,8 @@ error_is($json, 'server_error', undef, '*', $name);
 my $s = sse_parse($body, endpoint => 'chat', model => $::M);
 is($s->{text}, 'Hello', "$name: the text before");
 ok($s->{error}, "$name: an error event");
+is($s->{error}{message}, 'The engine sent an invalid response.',
+   "$name: message");
 like($body, qr/\A(?:data: [^\n]*\n\n)+\z/, "$name: whole events only");
 
 
