@@ -67,7 +67,7 @@ enum { T_F32, T_F16, T_BF16, T_Q8, T_Q4, T_Q8X, T_Q4X };
 /* Tiles and blocking (measured with 2 threads on Zen 3, see the figures
  * in README "Kernels"):
  *
- * F_MR x F_NR tiles with F_ACC accumulators per output, Q_MR x Q_NR for
+ * F_MR x F_NR tiles (one accumulator per output), Q_MR x Q_NR for
  * stored q types, X_MR x X_NR for repacked ones: register tiles. PANEL_L2
  * bytes of weight rows (at most PANEL_MAX rows) make a panel that stays
  * in L2 while every tile of activation rows runs against it, k cut into
@@ -77,7 +77,6 @@ enum { T_F32, T_F16, T_BF16, T_Q8, T_Q4, T_Q8X, T_Q4X };
  * of activations in L1). */
 #define F_MR    4
 #define F_NR    3
-#define F_ACC   1
 #define Q_MR    2
 #define Q_NR    2
 #define X_MR    4
@@ -89,21 +88,19 @@ enum { T_F32, T_F16, T_BF16, T_Q8, T_Q4, T_Q8X, T_Q4X };
 #define X_BLOCK (160 << 10)     /* bytes of activations kept in L2 */
 #define X_KB    2048            /* elements per k block (multiple of 512) */
 #define X_PARK_ROWS 64          /* most activation rows per block of k */
-#define ACC_MAX 2
 #define MR_MAX  4               /* of F_MR, Q_MR and X_MR */
 #define NR_MAX  3               /* of F_NR, Q_NR and X_NR */
 
-/* Parked accumulators: slot (weight row j, activation row i, accumulator
- * a) of a panel; a stream's tile of X_MR rows takes X_S weight rows'
- * worth (X_PARK_TILE vectors). */
-#define PARK(j, i, a) (((j) * MR_MAX + (i)) * ACC_MAX + (a))
-#define X_PARK_TILE   (X_S * MR_MAX * ACC_MAX)
+/* Parked accumulators: slot (weight row j, activation row i) of a panel;
+ * a stream's tile of X_MR rows takes X_S weight rows' worth (X_PARK_TILE
+ * vectors). */
+#define PARK(j, i)    ((j) * MR_MAX + (i))
+#define X_PARK_TILE   (X_S * MR_MAX)
 
 _Static_assert(F_MR <= MR_MAX && Q_MR <= MR_MAX && X_MR <= MR_MAX
-               && F_NR <= NR_MAX && Q_NR <= NR_MAX && X_NR <= NR_MAX
-               && F_ACC <= ACC_MAX, "tile arrays too small");
-_Static_assert(KC % (8 * F_ACC) == 0 && KC % 32 == 0,
-               "K blocks must start a round of accumulators and a block");
+               && F_NR <= NR_MAX && Q_NR <= NR_MAX && X_NR <= NR_MAX,
+               "tile arrays too small");
+_Static_assert(KC % 32 == 0, "K blocks must start a block");
 _Static_assert(PANEL_MAX % F_NR == 0 && PANEL_MAX % Q_NR == 0
                && X_S % X_NR == 0 && X_KB % 512 == 0, "tiles must fit");
 
@@ -113,7 +110,6 @@ INLINE int t_mr(const int T) {
 INLINE int t_nr(const int T) {
     return T <= T_BF16 ? F_NR : T <= T_Q4 ? Q_NR : X_NR;
 }
-INLINE int t_acc(const int T)  { return T <= T_BF16 ? F_ACC : 1; }
 INLINE int t_step(const int T) {
     return T <= T_BF16 ? 8 : T <= T_Q4 ? 32 : 512;
 }
@@ -395,58 +391,43 @@ INLINE void half_step(const int T, const int MR, const int NR,
 /* ---- matmul: the tile body -------------------------------------------------- */
 
 /* out (MR, NR) of x (MR, k) . w (NR, k)^T over the elements [k0, k1).
- * Every output has A accumulators; step s goes into accumulator s % A, the
- * tail step (f types: k % 8 elements, zero-padded) into the next one after
- * the last full step (WL_X16 rows: the stored blocks after the last group,
- * all into the one accumulator); at k1 == k they are added pairwise and
- * summed by the fixed tree.
+ * Every output has one accumulator: the steps in order, then the tail
+ * (f types: k % 8 elements, zero-padded; WL_X16 rows: the stored blocks
+ * after the last group), summed at k1 == k by the fixed tree.
  * k0 > 0 resumes from pk, k1 < k parks there (pk: this tile's slot
- * PARK(0, 0, 0)). A repacked tile given pf prefetches its NR rows' groups
+ * PARK(0, 0)). A repacked tile given pf prefetches its NR rows' groups
  * there. */
 INLINE void tile(const int T, const int MR, const int NR, int64_t k,
                  int64_t k0, int64_t k1, const char *x, size_t ldx,
                  const char *w, size_t ldw, float *out, size_t ldo,
                  __m256 *pk, const char *pf)
 {
-    const int step = t_step(T), A = t_acc(T);
+    const int step = t_step(T);
     int64_t   s = k0 / step, s1 = k1 / step, ns = k / step;
     int       rem = (int) (k % step);
-    __m256    acc[ACC_MAX][MR_MAX][NR_MAX];
+    __m256    acc[MR_MAX][NR_MAX];
 
 #pragma GCC unroll 4
     for (int i = 0; i < MR; i++) {
 #pragma GCC unroll 4
         for (int j = 0; j < NR; j++) {
-#pragma GCC unroll 2
-            for (int a = 0; a < A; a++) {
-                acc[a][i][j] = k0 == 0 ? _mm256_setzero_ps()
-                                       : pk[PARK(j, i, a)];
-            }
+            acc[i][j] = k0 == 0 ? _mm256_setzero_ps() : pk[PARK(j, i)];
         }
     }
     if (T >= T_Q8X) {
         for (; s < s1; s++) {
-            half_step(T, MR, NR, x, ldx, w, ldw, s, 0, acc[0], pf);
-            half_step(T, MR, NR, x, ldx, w, ldw, s, 1, acc[0], pf);
+            half_step(T, MR, NR, x, ldx, w, ldw, s, 0, acc, pf);
+            half_step(T, MR, NR, x, ldx, w, ldw, s, 1, acc, pf);
         }
     } else {
-        /* blocks start at multiples of A steps, so s % A == a below */
-        for (; s + A <= s1; s += A) {
 #pragma GCC unroll 2
-            for (int a = 0; a < A; a++) {
-                tile_step(T, MR, NR, x, ldx, w, ldw, s + a, acc[a]);
-            }
-        }
-        if (A == 2 && s < s1) tile_step(T, MR, NR, x, ldx, w, ldw, s, acc[0]);
+        for (; s < s1; s++) tile_step(T, MR, NR, x, ldx, w, ldw, s, acc);
     }
     if (k1 < k) {
 #pragma GCC unroll 4
         for (int i = 0; i < MR; i++) {
 #pragma GCC unroll 4
-            for (int j = 0; j < NR; j++) {
-#pragma GCC unroll 2
-                for (int a = 0; a < A; a++) pk[PARK(j, i, a)] = acc[a][i][j];
-            }
+            for (int j = 0; j < NR; j++) pk[PARK(j, i)] = acc[i][j];
         }
         return;
     }
@@ -454,7 +435,7 @@ INLINE void tile(const int T, const int MR, const int NR, int64_t k,
         const char *xt = x + ns * XG_STEP, *wt = w + ns * t_group(T);
 
         for (int b = 0; b < rem / QK; b++) {
-            tile_step(t_base(T), MR, NR, xt, ldx, wt, ldw, b, acc[0]);
+            tile_step(t_base(T), MR, NR, xt, ldx, wt, ldw, b, acc);
         }
     } else if (T <= T_BF16 && rem != 0) {
         /* 8 f32 activations and 8 weights of up to 4 bytes per row */
@@ -469,17 +450,12 @@ INLINE void tile(const int T, const int MR, const int NR, int64_t k,
         for (int j = 0; j < NR; j++) {
             memcpy(wp[j], w + j * ldw + ns * 8 * wb, (size_t) rem * wb);
         }
-        tile_step(T, MR, NR, (char *) xp, 32, (char *) wp, 32, 0,
-                  acc[ns % A]);
+        tile_step(T, MR, NR, (char *) xp, 32, (char *) wp, 32, 0, acc);
     }
 #pragma GCC unroll 4
     for (int i = 0; i < MR; i++) {
 #pragma GCC unroll 4
-        for (int j = 0; j < NR; j++) {
-            if (A == 2) acc[0][i][j] = _mm256_add_ps(acc[0][i][j],
-                                                     acc[1][i][j]);
-            out[i * ldo + j] = hsum(acc[0][i][j]);
-        }
+        for (int j = 0; j < NR; j++) out[i * ldo + j] = hsum(acc[i][j]);
     }
 }
 
@@ -514,7 +490,7 @@ INLINE void tile_any(const int T, int64_t k, int64_t k0, int64_t k1, int mr,
     for (int i = 0; i < mr; i++) {
         for (int j = 0; j < nr; j++) {
             tile(T, 1, 1, k, k0, k1, x + i * ldx, ldx, w + j * ldw, ldw,
-                 out + i * ldo + j, ldo, pk + PARK(j, i, 0), pf);
+                 out + i * ldo + j, ldo, pk + PARK(j, i), pf);
         }
     }
 }
@@ -534,7 +510,7 @@ INLINE void gemm_panels(const int T, int64_t k, int mr, int nr,
                         float *out, size_t ldo)
 {
     const int MR = t_mr(T), NR = t_nr(T);
-    __m256    park[PANEL_MAX * MR_MAX * ACC_MAX];
+    __m256    park[PANEL_MAX * MR_MAX];
     int       panel = (int) (PANEL_L2 / ldw) / NR * NR;
 
     panel = panel < NR ? NR : panel > PANEL_MAX ? PANEL_MAX : panel;
@@ -552,7 +528,7 @@ INLINE void gemm_panels(const int T, int64_t k, int mr, int nr,
                              x + (size_t) i0 * ldx, ldx,
                              w + (size_t) (p0 + j) * ldw, ldw,
                              out + (size_t) i0 * ldo + p0 + j, ldo,
-                             park + PARK(j, 0, 0), NULL);
+                             park + PARK(j, 0), NULL);
                 }
             }
         }
@@ -579,7 +555,7 @@ INLINE void stream_rows(const int T, int64_t k, int64_t k0, int64_t k1,
             tile_any(T, k, k0, k1, mi, ns - j < X_NR ? ns - j : X_NR,
                      x + (size_t) i * ldx, ldx, w + (size_t) j * ldw, ldw,
                      out + (size_t) i * ldo + j, ldo,
-                     pt != NULL ? pt + PARK(j, 0, 0) : NULL,
+                     pt != NULL ? pt + PARK(j, 0) : NULL,
                      i == 0 ? w + (size_t) (j + X_S) * ldw : NULL);
         }
     }
