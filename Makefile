@@ -16,8 +16,7 @@ CC        ?= gcc
 BUILD     := build
 OPT       ?= -O2
 CFLAGS    := -std=c11 $(OPT) -g -Wall -Wextra -Werror -Wshadow \
-             -Wno-unused-parameter -D_GNU_SOURCE -pthread \
-             -Iengine -Ikernels -Ikernels/cpu
+             -Wno-unused-parameter -D_GNU_SOURCE -pthread
 LDLIBS    := -lpcre2-8 -lyajl -lm -pthread
 
 # Per-ISA kernel files get their instruction set; the dispatcher picks one at
@@ -67,7 +66,32 @@ LDLIBS      += -L$(CROSS_LIBS)/usr/lib/$(CROSS) \
                -Wl,-rpath,$(CROSS_LIBS)/usr/lib/$(CROSS)
 endif
 
-ENGINE_SRCS := $(filter-out engine/main.c,$(wildcard engine/*.c))
+# The engine's folders, in the order of its layers (README, "Layout"). Each
+# folder compiles with the include paths of the layers it may use and no
+# others, so a layering mistake is a compile error: the frontend cannot
+# include the model, a stage cannot include the frontend, nothing but the
+# CLI, the thinker and main.c reach the kernels. nginx's module sees only
+# engine/proto (config).
+ENGINE_DIRS := base request llm stage frontend thinker cli
+INC_proto    := proto
+INC_base     := proto base
+INC_request  := proto base request
+INC_llm      := proto base request llm
+INC_stage    := proto base stage
+INC_frontend := proto base request stage frontend
+INC_thinker  := proto base request llm stage thinker
+INC_cli      := proto base request llm stage cli
+INC_main     := proto $(ENGINE_DIRS)
+KERNEL_INCS  := -Ikernels -Ikernels/cpu
+ALL_INCS     := $(INC_main:%=-Iengine/%) $(KERNEL_INCS)
+
+# $(call incs,SOURCE): the -I flags SOURCE compiles with.
+incs = $(strip $(if $(filter kernels/%,$(1)),$(KERNEL_INCS), \
+    $(if $(filter engine/main.c,$(1)),$(ALL_INCS), \
+    $(patsubst %,-Iengine/%,$(INC_$(word 2,$(subst /, ,$(1))))) \
+    $(if $(filter llm thinker cli,$(word 2,$(subst /, ,$(1)))),-Ikernels))))
+
+ENGINE_SRCS := $(wildcard $(ENGINE_DIRS:%=engine/%/*.c))
 KERNEL_SRCS := $(wildcard kernels/*.c) \
                $(filter-out $(ISA_x86_64) $(ISA_aarch64), \
                    $(wildcard kernels/cpu/*.c)) \
@@ -96,12 +120,13 @@ all: $(BUILD)/omni-engine \
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) $(ISA_$(basename $(notdir $<))) -MMD -MP -c $< -o $@
+	$(CC) $(CFLAGS) $(call incs,$<) $(ISA_$(basename $(notdir $<))) \
+	    -MMD -MP -c $< -o $@
 
 $(BUILD)/asan/obj/%.o: %.c
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) $(ASAN_FLAGS) $(ISA_$(basename $(notdir $<))) -MMD -MP \
-	    -c $< -o $@
+	$(CC) $(CFLAGS) $(call incs,$<) $(ASAN_FLAGS) \
+	    $(ISA_$(basename $(notdir $<))) -MMD -MP -c $< -o $@
 
 # Objects depend on which kernel sets exist (OMNI_HAVE_*): a stamp that
 # changes only when that set changes rebuilds them.
@@ -128,7 +153,7 @@ $(BUILD)/omni-engine: $(BUILD)/obj/engine/main.o $(BUILD)/libomni.a
 # flags make warnings errors (-Werror). nginx names the .so after the first
 # module in it; it is installed as build/ngx_omni_module.so.
 NGX_MODULE_SRCS := $(wildcard ngx_omni_module/*.c ngx_omni_module/*.h) \
-                   engine/omni_proto.h
+                   engine/proto/omni_proto.h
 
 $(NGX_BUILD)/Makefile: config
 	@mkdir -p $(@D)
@@ -149,36 +174,40 @@ $(BUILD)/ngx_omni_module.so: $(NGX_BUILD)/Makefile $(NGX_MODULE_SRCS)
 
 $(BUILD)/t/%: t/unit/%.c $(BUILD)/libomni.a
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -It/unit -MMD -MP -o $@ $< $(BUILD)/libomni.a \
+	$(CC) $(CFLAGS) $(ALL_INCS) -It/unit -MMD -MP -o $@ $< $(BUILD)/libomni.a \
 	    -lcmocka $(LDLIBS)
 
 $(BUILD)/asan/t/%: t/unit/%.c $(BUILD)/asan/libomni.a
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) $(ASAN_FLAGS) -It/unit -MMD -MP -o $@ $< \
+	$(CC) $(CFLAGS) $(ALL_INCS) $(ASAN_FLAGS) -It/unit -MMD -MP -o $@ $< \
 	    $(BUILD)/asan/libomni.a -lcmocka $(LDLIBS)
 
 # The thread pool's lock-free protocol and the helper thread's queue also
 # run under ThreadSanitizer.
 TSAN_BINS := $(BUILD)/tsan/t/test_threadpool $(BUILD)/tsan/t/test_workq
 
-$(BUILD)/tsan/t/test_workq: t/unit/test_workq.c engine/workq.c engine/log.c
+$(BUILD)/tsan/t/test_workq: t/unit/test_workq.c engine/base/workq.c \
+                            engine/base/log.c
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -O1 -fsanitize=thread -o $@ $^ -lcmocka -pthread
+	$(CC) $(CFLAGS) $(ALL_INCS) -O1 -fsanitize=thread -o $@ $^ -lcmocka \
+	    -pthread
 
 $(BUILD)/tsan/t/test_threadpool: t/unit/test_threadpool.c \
                                  kernels/cpu/threadpool.c
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -O1 -fsanitize=thread -o $@ $^ -lcmocka -pthread
+	$(CC) $(CFLAGS) $(ALL_INCS) -O1 -fsanitize=thread -o $@ $^ -lcmocka \
+	    -pthread
 
 unit: $(UNIT_BINS) $(if $(CROSS),,$(ASAN_BINS) $(TSAN_BINS))
 
 $(BUILD)/bench/bench_kernels: bench/bench_kernels.c $(BUILD)/libomni.a
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -MMD -MP -o $@ $< $(BUILD)/libomni.a $(LDLIBS)
+	$(CC) $(CFLAGS) $(KERNEL_INCS) -MMD -MP -o $@ $< $(BUILD)/libomni.a \
+	    $(LDLIBS)
 
 $(BUILD)/bench/loadgen: bench/loadgen.c
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -MMD -MP -o $@ $< -lyajl -lm
+	$(CC) $(CFLAGS) -Iengine/proto -MMD -MP -o $@ $< -lyajl -lm
 
 # Debian packages: build, then tests. `make deps` installs only what is
 # missing, so it is quick on a machine that has them.
@@ -275,20 +304,21 @@ run:
 # Each fuzz target links only the sources it exercises (no kernels, no
 # threads), so it builds with clang alone and stays fast per input.
 FUZZ_TARGETS    := gguf proto
-FUZZ_SRCS_gguf  := engine/gguf.c engine/tokenizer.c engine/tokenizer_encode.c \
-                   engine/tokenizer_pre.c engine/detok.c engine/log.c \
+FUZZ_SRCS_gguf  := engine/llm/gguf.c engine/llm/tokenizer.c \
+                   engine/llm/tokenizer_encode.c engine/llm/tokenizer_pre.c \
+                   engine/llm/detok.c engine/base/log.c \
                    kernels/dtype.c
-FUZZ_SRCS_proto := engine/frame.c engine/request.c engine/sampler.c \
-                   engine/stop.c engine/log.c
+FUZZ_SRCS_proto := engine/base/frame.c engine/request/request.c \
+                   engine/llm/sampler.c engine/llm/stop.c engine/base/log.c
 
 fuzz: $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz_%)
 
 $(BUILD)/fuzz/fuzz_gguf: $(FUZZ_SRCS_gguf)
 $(BUILD)/fuzz/fuzz_proto: $(FUZZ_SRCS_proto)
 
-$(BUILD)/fuzz/fuzz_%: t/fuzz/fuzz_%.c $(wildcard engine/*.h kernels/*.h)
+$(BUILD)/fuzz/fuzz_%: t/fuzz/fuzz_%.c $(wildcard engine/*/*.h kernels/*.h)
 	@mkdir -p $(@D)
-	clang -std=c11 -O1 -g -D_GNU_SOURCE -Iengine -Ikernels -Ikernels/cpu \
+	clang -std=c11 -O1 -g -D_GNU_SOURCE $(ALL_INCS) \
 	    -fsanitize=fuzzer,address,undefined -o $@ $< $(FUZZ_SRCS_$*) \
 	    -lpcre2-8 -lyajl -lm
 

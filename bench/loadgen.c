@@ -11,7 +11,7 @@
  * flight. Request i sends prompt i modulo the number of prompts
  * (FILE holds one prompt a line), greedy, max_tokens T. Two protocols:
  *
- *   --omni SOCKET     omni-engine's wire protocol (engine/omni_proto.h) on a
+ *   --omni SOCKET     omni-engine's wire protocol (engine/proto/omni_proto.h) on a
  *                     Unix socket: REQUEST, then TEXT* and DONE or ERROR.
  *   --http HOST:PORT  HTTP/1.1 POST with "stream": true to an OpenAI-style
  *                     endpoint (default /v1/completions; a path containing

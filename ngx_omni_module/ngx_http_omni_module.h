@@ -20,7 +20,7 @@
  *   ngx_omni_engine_module.c  CORE module: omni_engine, the sidecar that
  *                             nginx's master starts and keeps alive
  *
- * The wire protocol is ../engine/omni_proto.h, included as it is.
+ * The wire protocol is ../engine/proto/omni_proto.h, included as it is.
  */
 
 
@@ -80,7 +80,7 @@ typedef enum {
 typedef struct {
     ngx_str_t                   model;      /* as the client named it */
     ngx_str_t                   engine;     /* the request JSON for the
-                                               engine (engine/request.h) */
+                                               engine (engine/request/request.h) */
     ngx_str_t                   seed;       /* decimal: the client's, or
                                                the one drawn for it */
     unsigned                    stream:1;
@@ -165,7 +165,7 @@ extern ngx_module_t  ngx_http_omni_module;
  * that it is valid UTF-8 text (json_scan.h) and the fields the module acts
  * on (model, stream, stream_options, n, logprobs, max_completion_tokens /
  * max_tokens, modalities, tools, response_format, seed, ...) and writes
- * req->engine: the normalized request of engine/request.h with messages
+ * req->engine: the normalized request of engine/request/request.h with messages
  * or prompt, the seed (drawn when absent; req->seed) and the sampling
  * fields copied as given (the engine checks their types and ranges and
  * answers with an ERROR naming the param). Returns NGX_OK, NGX_DECLINED with err

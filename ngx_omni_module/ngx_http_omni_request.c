@@ -7,10 +7,10 @@
  *
  * A chat or completions body is pre-scanned (yajl has no nesting limit,
  * its tree API takes a C string, and its UTF-8 check lets overlong forms
- * and surrogates through: engine/json_scan.h, the engine's own check),
+ * and surrogates through: engine/proto/json_scan.h, the engine's own check),
  * parsed with yajl's tree API, checked for what the module acts on or
  * refuses, and rewritten with yajl_gen into the engine's request JSON
- * (engine/request.h). Sampling fields are copied as given: the engine
+ * (engine/request/request.h). Sampling fields are copied as given: the engine
  * checks their types and ranges and answers with an ERROR naming the
  * parameter. The seed is the exception: the module draws one when the
  * client sent none, so that it can report it in a response header before

@@ -10,7 +10,7 @@
  *
  * create_request writes one frame: REQUEST with the engine's JSON, or an
  * empty MODELS, HEALTH or METRICS control frame. Frames coming back
- * (engine/omni_proto.h) are read by one resumable parser: a frame may be
+ * (engine/proto/omni_proto.h) are read by one resumable parser: a frame may be
  * split across reads and one read may hold several; every header is
  * checked with omni_frame_check() before its payload is gathered.
  *

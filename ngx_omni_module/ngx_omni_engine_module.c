@@ -37,7 +37,7 @@
  *    the same --lock-file and --replace (nginx always passes both): it
  *    finds the lock held, starts beside the live engine on <socket>.next,
  *    locks <state_dir>/engine.lock.next, and once ready renames both over
- *    the public names and sends the old engine SIGTERM (engine/frontend.c
+ *    the public names and sends the old engine SIGTERM (engine/frontend/frontend.c
  *    does all of that, so omni_pass never changes and no connect() ever
  *    finds the socket missing).  The cache manager watches: a new engine
  *    that holds engine.lock has taken over; one that dies first, or is not

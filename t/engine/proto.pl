@@ -1,5 +1,5 @@
 # Helpers for tests that talk to `omni-engine serve` over the wire protocol
-# (engine/omni_proto.h): start and stop an engine, send frames, read
+# (engine/proto/omni_proto.h): start and stop an engine, send frames, read
 # replies, run many requests at once, read metrics.
 #
 # A reply is a hash:
@@ -26,9 +26,9 @@ our @FINISH = ('stop', 'length');
 
 # OMNI_PROTO_VERSION, read from the header both sides include.
 our $VERSION = do {
-    open(my $h, '<', 'engine/omni_proto.h') or die "engine/omni_proto.h: $!\n";
+    open(my $h, '<', 'engine/proto/omni_proto.h') or die "engine/proto/omni_proto.h: $!\n";
     my ($v) = join('', <$h>) =~ /#define OMNI_PROTO_VERSION\s+(\d+)/;
-    $v // die "no OMNI_PROTO_VERSION in engine/omni_proto.h\n";
+    $v // die "no OMNI_PROTO_VERSION in engine/proto/omni_proto.h\n";
 };
 
 my $n_servers = 0;

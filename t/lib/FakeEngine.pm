@@ -1,6 +1,6 @@
 # t::lib::FakeEngine -- a stand-in for omni-engine that misbehaves on
 # purpose, for the failure paths of ngx_omni_module: it speaks the wire
-# protocol (engine/omni_proto.h) on a Unix socket, one process per
+# protocol (engine/proto/omni_proto.h) on a Unix socket, one process per
 # connection, and answers a REQUEST according to the text of its prompt
 # (or last message):
 #
@@ -35,9 +35,9 @@ use Time::HiRes qw(sleep);
 
 # OMNI_PROTO_VERSION, from the header the engine and the module include.
 my $VERSION = do {
-    open(my $h, '<', 'engine/omni_proto.h') or die "engine/omni_proto.h: $!\n";
+    open(my $h, '<', 'engine/proto/omni_proto.h') or die "engine/proto/omni_proto.h: $!\n";
     my ($v) = join('', <$h>) =~ /#define OMNI_PROTO_VERSION\s+(\d+)/;
-    $v // die "no OMNI_PROTO_VERSION in engine/omni_proto.h\n";
+    $v // die "no OMNI_PROTO_VERSION in engine/proto/omni_proto.h\n";
 };
 
 our @EXPORT = qw(fake_engine_start fake_engine_stop);

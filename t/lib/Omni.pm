@@ -61,7 +61,7 @@ our ($NoEngine, $Engine, $Pid0, $DefaultConfig);
 BEGIN {
     my $root = getcwd();
     die "run the suites from the repository root (prove t/...)\n"
-        unless -f "$root/engine/omni_proto.h";
+        unless -f "$root/engine/proto/omni_proto.h";
     (my $suite = basename($0)) =~ s/\.t$//;
     $ENV{TEST_NGINX_BINARY} //= '/usr/sbin/nginx';
     $ENV{TEST_NGINX_SERVROOT} //= "$root/build/t/servroot/$suite";

@@ -1,4 +1,4 @@
-/* test_chat.c -- chat template detection and rendering (engine/chat.c).
+/* test_chat.c -- chat template detection and rendering (engine/llm/chat.c).
  *
  * The reference is llama.cpp itself, read from its checkout at run time
  * (env OMNI_LLAMA_SRC, else the last line printed by t/fetch-llama-src):

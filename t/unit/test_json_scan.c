@@ -1,4 +1,4 @@
-/* test_json_scan.c -- engine/json_scan.h: the UTF-8 validator and the
+/* test_json_scan.c -- engine/proto/json_scan.h: the UTF-8 validator and the
  * pre-scan that the engine's request parser and the nginx module share.
  *
  * The validator is checked three ways: a table of every class of valid and

@@ -1,6 +1,6 @@
-/* test_omni_error.c -- omni_error_set (engine/omni_proto.h): the one place
+/* test_omni_error.c -- omni_error_set (engine/proto/omni_proto.h): the one place
  * an ERROR event's strings are cut to fit, and omni_utf8_cut
- * (engine/json_scan.h) under it.
+ * (engine/proto/json_scan.h) under it.
  *
  * The property: a string that fits is kept whole; one that does not is
  * cut to at most its room, at a character boundary, and no shorter than

@@ -1,4 +1,4 @@
-/* test_request.c -- the normalized request JSON (engine/request.c).
+/* test_request.c -- the normalized request JSON (engine/request/request.c).
  *
  * Every accepted request must also pass the checks downstream of the
  * parser (sampler_init, stop_init), so the valid cases feed the result to
@@ -18,6 +18,8 @@
 #include <cmocka.h>
 
 #include "request.h"
+#include "sampler.h"
+#include "stop.h"
 
 #define BAD_JSON "We could not parse the JSON body of your request"
 

@@ -1,4 +1,4 @@
-/* test_sampler.c -- next-token sampling (engine/sampler.c).
+/* test_sampler.c -- next-token sampling (engine/llm/sampler.c).
  *
  * Draw counts come from fixed seeds, so every statistical bound below is
  * deterministic: a chi-square bound that passes once passes forever. The

@@ -1,4 +1,4 @@
-/* test_serve_name.c -- serve_model_name (engine/serve.h), the one rule for
+/* test_serve_name.c -- serve_model_name (engine/stage/serve.h), the one rule for
  * the name a model is served under, which main.c, the thinker and the
  * frontend all apply. */
 

@@ -1,4 +1,4 @@
-/* test_stop.c -- stop strings over streamed text (engine/stop.c).
+/* test_stop.c -- stop strings over streamed text (engine/llm/stop.c).
  *
  * The central property: whatever way the text is cut into pieces, the
  * released text is exactly the text before the first stop string to

@@ -1,4 +1,4 @@
-/* test_workq.c -- the helper thread of engine/workq.c: every job runs once,
+/* test_workq.c -- the helper thread of engine/base/workq.c: every job runs once,
  * on the helper thread, and comes back in push order through the done list
  * with the eventfd readable; jobs not started when the queue stops come
  * back not run; the thread's nice value is raised. Also built under

@@ -19,9 +19,8 @@
 #include <stddef.h>
 
 #include "log.h"
+#include "params.h"
 
-#define STOP_MAX       4        // OpenAI allows up to 4 stop sequences
-#define STOP_MAX_LEN   256      // bytes per stop sequence
 
 typedef struct {
     int    n;                               // stop strings

@@ -39,6 +39,7 @@
 #include <stddef.h>
 
 #include "log.h"
+#include "params.h"
 
 typedef enum {
     CHAT_PLAIN = 0,
@@ -58,10 +59,6 @@ typedef enum {
     CHAT_ZEPHYR,
 } ChatTemplate;
 
-typedef struct {
-    const char *role;           // "system", "user", "assistant"
-    const char *content;        // UTF-8, NUL-terminated
-} ChatMsg;
 
 /* Detects the family from the template text (tmpl need not be
  * NUL-terminated). NULL or empty: CHAT_PLAIN with *known = true. Text equal

@@ -1,7 +1,7 @@
 /* json_scan.h -- what a request body must be before yajl sees it: bounded,
  * and text (well-formed UTF-8, no unpaired surrogate escapes).
  *
- * Shared, as it is, by the engine (engine/request.c) and the nginx module
+ * Shared, as it is, by the engine (engine/request/request.c) and the nginx module
  * (ngx_omni_module/ngx_http_omni_request.c): both parse bodies with
  * yajl_tree_parse, and yajl 2.1 sets none of these bounds itself.
  *

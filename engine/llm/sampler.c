@@ -83,12 +83,6 @@ static void rng_seed(uint64_t s[4], uint64_t seed) {
 
 /* ---- parameters ---- */
 
-void sampler_params_default(SamplerParams *p) {
-    memset(p, 0, sizeof(*p));
-    p->temperature = 1.0f;
-    p->top_p = 1.0f;
-}
-
 /* -1 with "name: must be between lo and hi, got v" unless lo <= v <= hi.
  * NaN fails every comparison, so it is rejected too. */
 static int check_range(const char *name, float v, float lo, float hi,

@@ -23,25 +23,8 @@
 #include <stdint.h>
 
 #include "log.h"
+#include "params.h"
 
-#define SAMPLER_MAX_BIAS 300    // OpenAI allows up to 300 logit_bias entries
-
-typedef struct {
-    int32_t token;
-    float   bias;               // added to the logit; -100 bans, +100 forces
-} LogitBias;
-
-typedef struct {
-    float      temperature;     // 0..2; 0 = greedy (argmax, lowest id on ties)
-    int32_t    top_k;           // >= 0; 0 = off
-    float      top_p;           // (0, 1]; 1 = off
-    float      min_p;           // [0, 1]; 0 = off
-    uint64_t   seed;
-    float      presence_penalty;    // -2..2, subtracted once per seen token
-    float      frequency_penalty;   // -2..2, times the token's count
-    int32_t    n_bias;
-    LogitBias  bias[SAMPLER_MAX_BIAS];
-} SamplerParams;
 
 typedef struct {
     SamplerParams  p;
@@ -55,9 +38,6 @@ typedef struct {
     float         *prob;        // (n_vocab,) candidate weights, owned
 } Sampler;
 
-/* Fills p with the defaults: temperature 1, top_p 1, others off, seed 0.
- * Can't fail. */
-void    sampler_params_default(SamplerParams *p);
 
 /* Checks p against n_vocab, allocates the scratch (16 bytes per vocabulary
  * entry) and seeds the RNG. Returns 0, or -1 with err set: a bad parameter

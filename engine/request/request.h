@@ -52,10 +52,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "chat.h"
 #include "log.h"
-#include "sampler.h"
-#include "stop.h"
+#include "params.h"
 
 #define REQ_MAX_MESSAGES 4096
 #define REQ_MAX_SALT     256
