@@ -33,7 +33,7 @@
  * A stage that closes its channel but lives on is killed after
  * GONE_KILL_S.
  *
- * A READY stage is watched through its heartbeat (stage.h): silent for
+ * A READY stage is watched through its heartbeat (stage_channel.h): silent for
  * cfg->stage_unready_s it is not ready (health 503 saying for how long,
  * new requests refused, the requests it holds wait), and it is ready again
  * as soon as it beats; silent for cfg->stage_kill_s it is killed (SIGKILL)
@@ -42,7 +42,7 @@
  * the next deadline is the last beat plus the threshold.
  *
  * A request whose prompt cannot fit the context by the stage's prompt
- * bound (stage.h; READY announces it) is refused here, after the parse,
+ * bound (stage_channel.h; READY announces it) is refused here, after the parse,
  * so the stage never spends a tokenization on it.
  *
  * Shutdown (SIGTERM/SIGINT): RUN -> DRAIN (the socket file is removed if
@@ -86,7 +86,7 @@
 #include "metrics.h"
 #include "request.h"
 #include "serve.h"
-#include "stage.h"
+#include "stage_channel.h"
 #include "supervisor.h"
 #include "workq.h"
 

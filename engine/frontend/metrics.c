@@ -209,8 +209,8 @@ static void label_value(TextBuf *b, const char *s) {
 #define LOAD(f) atomic_load_explicit(&stats->f, memory_order_relaxed)
 
 static void render_stage(TextBuf *b, const OmniStats *stats) {
-    int64_t total = LOAD(kv_blocks_total);
-    int64_t used = LOAD(kv_blocks_used);
+    int64_t total = LOAD(thinker.kv_blocks_total);
+    int64_t used = LOAD(thinker.kv_blocks_used);
 
     gauge(b, "num_requests_running", "Requests admitted to the batch "
           "(including preempted ones).", (double) LOAD(requests_running));
@@ -222,21 +222,21 @@ static void render_stage(TextBuf *b, const OmniStats *stats) {
     tb_printf(b, PFX "kv_cache_blocks{state=\"free\"} %" PRId64 "\n"
               PFX "kv_cache_blocks{state=\"used\"} %" PRId64 "\n"
               PFX "kv_cache_blocks{state=\"cached\"} %" PRId64 "\n",
-              LOAD(kv_blocks_free), used, LOAD(kv_blocks_cached));
+              LOAD(thinker.kv_blocks_free), used, LOAD(thinker.kv_blocks_cached));
     counter(b, "prefix_cache_queries_total", "Prompt tokens looked up in the "
-            "prefix cache.", LOAD(prefix_cache_queries));
+            "prefix cache.", LOAD(thinker.prefix_cache_queries));
     counter(b, "prefix_cache_hits_total", "Prompt tokens found in the prefix "
-            "cache.", LOAD(prefix_cache_hits));
+            "cache.", LOAD(thinker.prefix_cache_hits));
     counter(b, "num_preemptions_total", "Sequences preempted (to be "
-            "recomputed) when KV blocks ran out.", LOAD(preemptions));
+            "recomputed) when KV blocks ran out.", LOAD(thinker.preemptions));
     counter(b, "prompt_tokens_total", "Prompt tokens of admitted requests.",
-            LOAD(prompt_tokens));
+            LOAD(thinker.prompt_tokens));
     counter(b, "generation_tokens_total", "Tokens generated.",
-            LOAD(generation_tokens));
+            LOAD(thinker.generation_tokens));
     counter(b, "steps_total", "Forward passes (scheduler steps).",
-            LOAD(steps));
+            LOAD(thinker.steps));
     counter(b, "step_tokens_total", "Tokens run in those forward passes.",
-            LOAD(step_tokens));
+            LOAD(thinker.step_tokens));
     counter(b, "stage_restarts_total", "Times the thinker stage was "
             "restarted after it exited.", LOAD(stage_restarts));
     counter(b, "stage_hang_kills_total", "Times the thinker stage was "

@@ -3,7 +3,7 @@
  * those plus the stage's OmniStats page.
  *
  * Who counts what: the stage counts what only it sees (tokens, prefix
- * cache, preemptions, KV blocks) in the shared OmniStats page (stage.h);
+ * cache, preemptions, KV blocks) in the shared OmniStats page (stage_channel.h);
  * the frontend counts what it sees pass by (request outcomes, latencies
  * measured on the events it forwards, connections). Rendering reads both,
  * so a scrape never has to ask the stage anything.
@@ -20,7 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "stage.h"
+#include "stage_channel.h"
 
 /* ---- Growable text ------------------------------------------------------
  * A byte buffer that grows by doubling. A failed allocation sets oom and

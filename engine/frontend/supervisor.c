@@ -139,10 +139,10 @@ void sup_close_channel(StageProc *sp) {
 static void reset_gauges(OmniStats *st) {
     atomic_store_explicit(&st->requests_running, 0, memory_order_relaxed);
     atomic_store_explicit(&st->requests_waiting, 0, memory_order_relaxed);
-    atomic_store_explicit(&st->kv_blocks_used, 0, memory_order_relaxed);
-    atomic_store_explicit(&st->kv_blocks_cached, 0, memory_order_relaxed);
-    atomic_store_explicit(&st->kv_blocks_free, 0, memory_order_relaxed);
-    atomic_store_explicit(&st->kv_blocks_total, 0, memory_order_relaxed);
+    atomic_store_explicit(&st->thinker.kv_blocks_used, 0, memory_order_relaxed);
+    atomic_store_explicit(&st->thinker.kv_blocks_cached, 0, memory_order_relaxed);
+    atomic_store_explicit(&st->thinker.kv_blocks_free, 0, memory_order_relaxed);
+    atomic_store_explicit(&st->thinker.kv_blocks_total, 0, memory_order_relaxed);
     atomic_store_explicit(&st->stage_pid, 0, memory_order_relaxed);
     atomic_store_explicit(&st->heartbeat_us, 0, memory_order_relaxed);
     atomic_store_explicit(&st->step_start_us, 0, memory_order_relaxed);

@@ -15,7 +15,7 @@
 #include <sys/types.h>
 
 #include "log.h"
-#include "stage.h"
+#include "stage_channel.h"
 
 #define SUP_BACKOFF_MIN_MS  100     // first restart delay
 #define SUP_BACKOFF_MAX_MS  5000    // doubling stops here
@@ -80,7 +80,7 @@ bool sup_read_stderr(StageProc *sp);
 int  sup_backoff(StageProc *sp, double ready_s);
 
 /* Seconds the stage has gone without a heartbeat at monotonic time now
- * (stage.h), counting from `since` (its READY) when it has not beaten
+ * (stage_channel.h), counting from `since` (its READY) when it has not beaten
  * after that: a page reset at its start reads 0. *in_step (may be NULL)
  * gets how long the step in progress has run, or -1 between steps. Reads
  * the page only; can't fail. */

@@ -90,7 +90,7 @@ typedef enum {
     OMNI_F_MODELS_R  = 21,
     OMNI_F_METRICS_R = 22,
 
-    /* frontend <-> stage (internal; see stage.h) */
+    /* frontend <-> stage (internal; see stage_channel.h) */
     OMNI_F_STAGE_MIN = 64,
     OMNI_F_STAGE_MAX = 95,
 } OmniFrameType;

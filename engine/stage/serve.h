@@ -8,7 +8,7 @@
  *
  *   omni-engine stage thinker --ipc-fd 3 --stats-fd 4 <the serve options>
  *
- * and restarts it if it dies (stage.h describes the channel). Both
+ * and restarts it if it dies (stage_channel.h describes the channel). Both
  * processes parse the same options into a ServeConfig (main.c). */
 
 #ifndef OMNI_SERVE_H

@@ -166,10 +166,10 @@ static void publish_gauges(Scheduler *s) {
     if (st == NULL) return;
     stat_set(&st->requests_running, s->n_run);
     stat_set(&st->requests_waiting, s->n_waiting);
-    stat_set(&st->kv_blocks_total, s->kv.n_blocks);
-    stat_set(&st->kv_blocks_used, s->kv.n_used);
-    stat_set(&st->kv_blocks_cached, s->kv.n_cached);
-    stat_set(&st->kv_blocks_free, s->kv.n_free);
+    stat_set(&st->thinker.kv_blocks_total, s->kv.n_blocks);
+    stat_set(&st->thinker.kv_blocks_used, s->kv.n_used);
+    stat_set(&st->thinker.kv_blocks_cached, s->kv.n_cached);
+    stat_set(&st->thinker.kv_blocks_free, s->kv.n_free);
 }
 
 
@@ -499,7 +499,7 @@ static bool preempt_newer(Scheduler *s, int k) {
         v->preempted = true;
         seq_release(s, v);
         s->preemptions++;
-        if (s->stats != NULL) stat_add(&s->stats->preemptions, 1);
+        if (s->stats != NULL) stat_add(&s->stats->thinker.preemptions, 1);
         log_msg(LOG_DEBUG, "scheduler: preempted request %" PRIu64, v->id);
         return true;
     }
@@ -584,9 +584,9 @@ static bool admit_head(Scheduler *s) {
     s->run[s->n_run++] = (int32_t) (q - s->seqs);
     queue_unlink(s, s->q_head);
     if (s->stats != NULL) {
-        stat_add(&s->stats->prompt_tokens, (uint64_t) q->n_prompt);
-        stat_add(&s->stats->prefix_cache_queries, (uint64_t) q->n_prompt);
-        stat_add(&s->stats->prefix_cache_hits, (uint64_t) q->cached);
+        stat_add(&s->stats->thinker.prompt_tokens, (uint64_t) q->n_prompt);
+        stat_add(&s->stats->thinker.prefix_cache_queries, (uint64_t) q->n_prompt);
+        stat_add(&s->stats->thinker.prefix_cache_hits, (uint64_t) q->cached);
     }
     if (s->ev.started != NULL) s->ev.started(s->ev.ud, q->id);
     return true;
@@ -672,7 +672,7 @@ static void seq_sample(Scheduler *s, Seq *q, float *logits) {
     sampler_accept(&q->smp, tok);
     q->tokens[q->n_tokens++] = tok;
     q->n_gen++;
-    if (s->stats != NULL) stat_add(&s->stats->generation_tokens, 1);
+    if (s->stats != NULL) stat_add(&s->stats->thinker.generation_tokens, 1);
     if (seq_text(s, q, tok)) {
         seq_finish(s, q, OMNI_FINISH_STOP);
     } else if ((q->max_tokens >= 0 && q->n_gen >= q->max_tokens)
@@ -732,8 +732,8 @@ void sched_step(Scheduler *s) {
         model_forward(s->m, s->be, &s->kv, &s->rs, s->b_tokens, &b,
                       s->out_idx, n_out);
         if (s->stats != NULL) {
-            stat_add(&s->stats->steps, 1);
-            stat_add(&s->stats->step_tokens, (uint64_t) n);
+            stat_add(&s->stats->thinker.steps, 1);
+            stat_add(&s->stats->thinker.step_tokens, (uint64_t) n);
         }
     }
     for (int k = 0; k < s->n_run; k++) {

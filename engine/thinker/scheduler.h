@@ -52,7 +52,7 @@
 #include "model.h"
 #include "omni_proto.h"
 #include "sampler.h"
-#include "stage.h"
+#include "stage_channel.h"
 #include "stop.h"
 #include "tokenizer.h"
 

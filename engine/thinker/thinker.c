@@ -1,5 +1,5 @@
 /* thinker.c -- the thinker stage process: the model, the scheduler, and
- * the frontend channel of stage.h.
+ * the frontend channel of stage_channel.h.
  *
  * Startup builds, in order: the model (copied into huge-page memory and
  * repacked for the backend, unless cfg->mmap maps it), the tokenizer, the
@@ -23,10 +23,10 @@
  *   flush     as much output as the socket takes
  *
  * Each turn, each frame and each step writes the heartbeat in the stats
- * page (stage.h): the frontend's only evidence that this loop still runs.
+ * page (stage_channel.h): the frontend's only evidence that this loop still runs.
  *
  * A prompt that cannot fit the context is refused before it costs a
- * full tokenization: first by the text bound (stage.h's PromptBound, one
+ * full tokenization: first by the text bound (stage_channel.h's PromptBound, one
  * pass at most over the text), else by tokenizing it only until it passes
  * ctx tokens (tokenizer_encode_upto; the error then says "at least").
  *
@@ -60,7 +60,7 @@
 #include "request.h"
 #include "scheduler.h"
 #include "serve.h"
-#include "stage.h"
+#include "stage_channel.h"
 #include "tokenizer.h"
 #include "workq.h"
 
@@ -407,7 +407,7 @@ static void on_submit(Thinker *t, uint64_t id, const char *json, size_t len)
     prep_finish(t, &p);
 }
 
-/* ---- Liveness (stage.h) ------------------------------------------------ */
+/* ---- Liveness (stage_channel.h) ------------------------------------------------ */
 
 static void beat(Thinker *t) {
     if (t->stats == NULL) return;
@@ -610,10 +610,10 @@ static int map_stats(Thinker *t, int stats_fd, Err *err) {
     }
     atomic_store(&s->requests_running, 0);
     atomic_store(&s->requests_waiting, 0);
-    atomic_store(&s->kv_blocks_used, 0);
-    atomic_store(&s->kv_blocks_cached, 0);
-    atomic_store(&s->kv_blocks_free, 0);
-    atomic_store(&s->kv_blocks_total, 0);
+    atomic_store(&s->thinker.kv_blocks_used, 0);
+    atomic_store(&s->thinker.kv_blocks_cached, 0);
+    atomic_store(&s->thinker.kv_blocks_free, 0);
+    atomic_store(&s->thinker.kv_blocks_total, 0);
     atomic_store(&s->heartbeat_us, 0);
     atomic_store(&s->step_start_us, 0);
     atomic_store(&s->step_max_us, 0);

@@ -378,12 +378,12 @@ static void batch_exact(int64_t n_blocks, int max_seqs, int64_t max_batch,
     sched_counts(s, &c);
     if (want_preempt) assert_true(c.preemptions > 0);
     assert_int_equal(st.requests_running, 0);
-    assert_int_equal(st.kv_blocks_used, 0);
-    assert_int_equal(st.steps, (uint64_t) steps);
+    assert_int_equal(st.thinker.kv_blocks_used, 0);
+    assert_int_equal(st.thinker.steps, (uint64_t) steps);
     print_message("# blocks %d, max_seqs %d, budget %d, prefix %d: %d steps, "
                   "%.1f tokens/step, %d preemptions\n", (int) n_blocks,
                   max_seqs, (int) max_batch, prefix, steps,
-                  (double) st.step_tokens / (double) st.steps,
+                  (double) st.thinker.step_tokens / (double) st.thinker.steps,
                   (int) c.preemptions);
     sched_free(s);
 }
@@ -445,10 +445,10 @@ static void test_shared_prefix(void **state) {
         gen += res->d.completion_tokens;
     }
     assert_true(hits > (uint64_t) 50 * N_REQ);
-    assert_int_equal(st.prefix_cache_hits, hits);
-    assert_int_equal(st.prefix_cache_queries, prompt);
-    assert_int_equal(st.prompt_tokens, prompt);
-    assert_int_equal(st.generation_tokens, gen);
+    assert_int_equal(st.thinker.prefix_cache_hits, hits);
+    assert_int_equal(st.thinker.prefix_cache_queries, prompt);
+    assert_int_equal(st.thinker.prompt_tokens, prompt);
+    assert_int_equal(st.thinker.generation_tokens, gen);
     check_clean(s, 64 * 10);
 
     salted.salt = "tenant-7";

@@ -29,7 +29,7 @@
 #include "testutil.h"
 
 #include "gguf.h"
-#include "stage.h"
+#include "stage_channel.h"
 #include "tokenizer.h"
 
 #define MAX_IDS 65536

@@ -1,4 +1,4 @@
-/* stage.h -- the channel between the engine's frontend and a stage
+/* stage_channel.h -- the channel between the engine's frontend and a stage
  * process, and the statistics page they share.
  *
  * The frontend starts a stage by fork+exec of its own binary,
@@ -36,8 +36,8 @@
  * behind a long step's output; the page needs no round trip and no
  * cooperation from a stopped process. */
 
-#ifndef OMNI_STAGE_H
-#define OMNI_STAGE_H
+#ifndef OMNI_STAGE_CHANNEL_H
+#define OMNI_STAGE_CHANNEL_H
 
 #include <inttypes.h>
 #include <stdatomic.h>
@@ -63,29 +63,15 @@ enum {
 
 #define STATS_MAGIC     0x6f6d6e6973746174ull   // "omnistat"
 
-/* Counters and gauges a stage publishes; the frontend renders them as
- * Prometheus metrics. The page lives in a memfd the frontend creates, so
- * counters survive a stage restart (a new stage keeps adding to them) and
- * the frontend reads them without asking. Gauges are rewritten by the
- * stage at every step; a new stage resets them when it starts. Only the
- * stage writes; relaxed atomics are enough for monitoring. */
+/* The part of the statistics page only the thinker writes: its KV cache,
+ * its prefix cache and its forward passes. */
 typedef struct {
-    uint64_t          magic;                // STATS_MAGIC
     /* gauges */
-    _Atomic int64_t   requests_running;     // admitted, incl. preempted
-    _Atomic int64_t   requests_waiting;     // queued, not yet admitted
     _Atomic int64_t   kv_blocks_total;
     _Atomic int64_t   kv_blocks_used;       // referenced by a sequence
     _Atomic int64_t   kv_blocks_cached;     // unreferenced, in the prefix
                                             //   cache (evictable)
     _Atomic int64_t   kv_blocks_free;
-    _Atomic int64_t   stage_pid;
-    _Atomic int64_t   heartbeat_us;         // monotonic clock, us, at the
-                                            //   loop's last turn; 0: none
-                                            //   yet (loading)
-    _Atomic int64_t   step_start_us;        // the step running since; 0:
-                                            //   between steps
-    _Atomic int64_t   step_max_us;          // the longest step so far
     /* counters */
     _Atomic uint64_t  prefix_cache_queries; // prompt tokens looked up
     _Atomic uint64_t  prefix_cache_hits;    // of those, found cached
@@ -95,9 +81,38 @@ typedef struct {
     _Atomic uint64_t  generation_tokens;
     _Atomic uint64_t  steps;                // forward passes
     _Atomic uint64_t  step_tokens;          // tokens run in them
+} ThinkerStats;
+
+/* Counters and gauges a stage publishes; the frontend renders them as
+ * Prometheus metrics. The page lives in a memfd the frontend creates, so
+ * counters survive a stage restart (a new stage keeps adding to them) and
+ * the frontend reads them without asking. Gauges are rewritten by the
+ * stage at every step; a new stage resets them when it starts. Only the
+ * stage writes (bar the two the frontend keeps, marked); relaxed atomics
+ * are enough for monitoring.
+ *
+ * The first part is every stage's: liveness, queue, restarts. The rest is
+ * the stage's own, one member of the union per kind of stage, so the page
+ * has one size whatever the stage and a new stage adds its member. */
+typedef struct {
+    uint64_t          magic;                // STATS_MAGIC
+    /* gauges */
+    _Atomic int64_t   requests_running;     // admitted, incl. preempted
+    _Atomic int64_t   requests_waiting;     // queued, not yet admitted
+    _Atomic int64_t   stage_pid;
+    _Atomic int64_t   heartbeat_us;         // monotonic clock, us, at the
+                                            //   loop's last turn; 0: none
+                                            //   yet (loading)
+    _Atomic int64_t   step_start_us;        // the step running since; 0:
+                                            //   between steps
+    _Atomic int64_t   step_max_us;          // the longest step so far
+    /* counters */
     _Atomic uint64_t  stage_restarts;       // written by the frontend
     _Atomic uint64_t  stage_hang_kills;     // written by the frontend:
                                             //   killed for silence
+    union {
+        ThinkerStats  thinker;
+    };
 } OmniStats;
 
 /* The monotonic clock in microseconds, the heartbeat's unit (the clock is
