@@ -271,5 +271,6 @@ int main(void) {
         cmocka_unit_test(test_decode_token),
     };
 
+    cmocka_set_message_output(CM_OUTPUT_TAP);
     return cmocka_run_group_tests_name("decode", tests, setup, teardown);
 }
