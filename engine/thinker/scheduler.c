@@ -540,7 +540,7 @@ static int64_t plan_seq(Scheduler *s, int k, int64_t want) {
  * without preempting anyone (newcomers never preempt). Returns false,
  * leaving it queued, when it does not. */
 static bool admit_head(Scheduler *s) {
-    Queued  *w = &s->queue[s->q_head];
+    Queued       *w = &s->queue[s->q_head];
     Seq          *q = NULL;
     int64_t       end;
     DecodeLimits  lim = { w->max_tokens, s->cfg.max_ctx, w->ignore_eos };
