@@ -39,14 +39,13 @@ int gen_init(Generator *g, const Model *m, const Tokenizer *tk, Backend *be,
     g->block_table = malloc((size_t) n_blocks * sizeof(int32_t));
     g->pos = malloc((size_t) max_batch * sizeof(int32_t));
     g->tables = malloc((size_t) max_batch * sizeof(int32_t *));
-    /* one piece plus what the detokenizer and stop matcher may hold back */
-    g->text_cap = 4096 + STOP_MAX_LEN;
-    g->text = malloc(g->text_cap * 2);
-    if (g->block_table == NULL || g->pos == NULL || g->tables == NULL
-        || g->text == NULL)
-    {
+    if (g->block_table == NULL || g->pos == NULL || g->tables == NULL) {
         gen_free(g);
         return err_set(err, "out of memory");
+    }
+    if (decode_init(&g->dec, tk, c->n_vocab, err) != 0) {
+        gen_free(g);
+        return -1;
     }
     /* a single sequence owns the whole cache, block i at position i */
     for (int64_t i = 0; i < n_blocks; i++) {
@@ -61,7 +60,7 @@ void gen_free(Generator *g) {
     free(g->block_table);
     free(g->pos);
     free(g->tables);
-    free(g->text);
+    decode_free(&g->dec);
     memset(g, 0, sizeof(*g));
 }
 
@@ -87,31 +86,6 @@ static void prefill(Generator *g, const int32_t *prompt, int64_t n) {
     }
 }
 
-/* Pushes one token's text through detokenizer and stop matcher and emits
- * what is safe. Returns 1 when the stream must end (stop string matched or
- * the consumer cancelled). */
-static int emit_token(Generator *g, Detok *d, StopMatcher *sm, int32_t tok,
-                      GenEmitFn emit, void *ud)
-{
-    char  *piece = g->text, *out = g->text + g->text_cap;
-    size_t n = detok_push(d, g->tk, tok, piece, g->text_cap);
-
-    n = stop_feed(sm, piece, n, out, g->text_cap);
-    if (n > 0 && emit(ud, out, n) != 0) return 1;
-    return sm->stopped;
-}
-
-static void emit_tail(Generator *g, Detok *d, StopMatcher *sm, GenEmitFn emit,
-                      void *ud)
-{
-    char  *piece = g->text, *out = g->text + g->text_cap;
-    size_t n = detok_flush(d, piece, g->text_cap);
-
-    n = stop_feed(sm, piece, n, out, g->text_cap);
-    if (!sm->stopped) n += stop_flush(sm, out + n, g->text_cap - n);
-    if (n > 0) emit(ud, out, n);
-}
-
 
 /* ---- --top-logits ---------------------------------------------------- */
 
@@ -120,10 +94,15 @@ typedef struct {
     float   logit;
 } Cand;
 
+/* A piece rendered as "<0xXX>" per byte takes 6 bytes per byte; pieces
+ * longer than DECODE_PIECE_CAP are reported as null. */
+#define PIECE_BUF  (DECODE_PIECE_CAP * 2)
+
 typedef struct {
     Cand    *top;           // (k,) best first, owned
     float   *raw;           // (n_vocab,) the step's logits as the model
                             //   gave them, owned
+    char    *piece;         // (PIECE_BUF,) a token's piece, owned
     int32_t  k;             // kept: max(K, 2) when the vocabulary allows
     int32_t  k_out;         // reported: K
     yajl_gen j;             // owned
@@ -181,11 +160,12 @@ static void json_float(yajl_gen j, double x) {
 /* A token's bytes as a JSON string; "<0xXX>" per byte when they are not
  * valid UTF-8 on their own (a byte-fallback piece of a longer character):
  * yajl refuses such a string before writing anything. */
-static void json_piece(Generator *g, yajl_gen j, int32_t id) {
-    char   *buf = g->text, hex[8];
-    size_t  n = tokenizer_piece(g->tk, id, true, buf, g->text_cap), o = 0;
+static void json_piece(const Tokenizer *tk, TopLog *t, int32_t id) {
+    yajl_gen j = t->j;
+    char    *buf = t->piece, hex[8];
+    size_t   n = tokenizer_piece(tk, id, true, buf, DECODE_PIECE_CAP), o = 0;
 
-    if (n > g->text_cap) {
+    if (n > DECODE_PIECE_CAP) {
         yajl_gen_null(j);
         return;
     }
@@ -194,9 +174,9 @@ static void json_piece(Generator *g, yajl_gen j, int32_t id) {
     {
         return;
     }
-    /* 6 bytes per byte, in place (text is 2 * text_cap bytes): rendered
-       from the end, so each byte is read before it is overwritten */
-    if (n * 6 > g->text_cap * 2) {
+    /* 6 bytes per byte, in place: rendered from the end, so each byte is
+       read before it is overwritten */
+    if (n * 6 > PIECE_BUF) {
         yajl_gen_null(j);
         return;
     }
@@ -206,6 +186,13 @@ static void json_piece(Generator *g, yajl_gen j, int32_t id) {
         memcpy(buf + i * 6, hex, 6);
     }
     yajl_gen_string(j, (unsigned char *) buf, o);
+}
+
+static void toplog_free(TopLog *t) {
+    free(t->top);
+    free(t->raw);
+    free(t->piece);
+    if (t->j != NULL) yajl_gen_free(t->j);
 }
 
 static int toplog_init(TopLog *t, const GenParams *p, int32_t n_vocab,
@@ -223,11 +210,11 @@ static int toplog_init(TopLog *t, const GenParams *p, int32_t n_vocab,
     t->out = p->top_out != NULL ? p->top_out : stderr;
     t->top = malloc((size_t) t->k * sizeof(Cand));
     t->raw = malloc((size_t) n_vocab * sizeof(float));
+    t->piece = malloc(PIECE_BUF);
     t->j = yajl_gen_alloc(NULL);
-    if (t->top == NULL || t->raw == NULL || t->j == NULL) {
-        free(t->top);
-        free(t->raw);
-        if (t->j != NULL) yajl_gen_free(t->j);
+    if (t->top == NULL || t->raw == NULL || t->piece == NULL || t->j == NULL)
+    {
+        toplog_free(t);
         memset(t, 0, sizeof(*t));
         return err_set(err, "out of memory");
     }
@@ -235,15 +222,10 @@ static int toplog_init(TopLog *t, const GenParams *p, int32_t n_vocab,
     return 0;
 }
 
-static void toplog_free(TopLog *t) {
-    free(t->top);
-    free(t->raw);
-    if (t->j != NULL) yajl_gen_free(t->j);
-}
-
 /* One step's line; top holds the step's best raw logits, tok was sampled
  * from them with raw logit tok_logit. */
-static void toplog_write(Generator *g, TopLog *t, int64_t step, int64_t pos,
+static void toplog_write(const Tokenizer *tk, TopLog *t, int64_t step,
+                         int64_t pos,
                          int32_t tok, float tok_logit)
 {
     yajl_gen             j = t->j;
@@ -258,7 +240,7 @@ static void toplog_write(Generator *g, TopLog *t, int64_t step, int64_t pos,
     json_key(j, "token");
     yajl_gen_integer(j, tok);
     json_key(j, "piece");
-    json_piece(g, j, tok);
+    json_piece(tk, t, tok);
     json_key(j, "logit");
     json_float(j, tok_logit);
     json_key(j, "top");
@@ -268,7 +250,7 @@ static void toplog_write(Generator *g, TopLog *t, int64_t step, int64_t pos,
         json_key(j, "id");
         yajl_gen_integer(j, t->top[i].id);
         json_key(j, "piece");
-        json_piece(g, j, t->top[i].id);
+        json_piece(tk, t, t->top[i].id);
         json_key(j, "logit");
         json_float(j, t->top[i].logit);
         yajl_gen_map_close(j);
@@ -290,17 +272,39 @@ static void toplog_write(Generator *g, TopLog *t, int64_t step, int64_t pos,
 }
 
 
+/* Decodes from the prompt's logits until the step ends the sequence:
+ * top-logits report (when asked) between sampling and the step proper,
+ * which is why this loop samples itself rather than call decode_token. */
+static DecodeEnd decode_loop(Generator *g, TopLog *tl, int64_t pos,
+                             GenEmitFn emit, void *ud)
+{
+    int32_t   n_vocab = g->m->c.n_vocab, tok;
+    DecodeEnd end;
+
+    for (;;) {
+        if (tl->k > 0) {
+            /* the sampler adds bias and penalties in place: look first */
+            top_collect(g->rs.logits, n_vocab, tl->top, tl->k);
+            memcpy(tl->raw, g->rs.logits, (size_t) n_vocab * sizeof(float));
+        }
+        tok = sampler_sample(&g->dec.smp, g->rs.logits);
+        if (tl->k > 0) {
+            toplog_write(g->tk, tl, g->dec.n_gen, pos, tok, tl->raw[tok]);
+        }
+        end = decode_take(&g->dec, tok, emit, ud);
+        if (end != DECODE_MORE) return end;
+        forward(g, &tok, 1, pos++);
+    }
+}
+
 int gen_run(Generator *g, const int32_t *prompt, int64_t n_prompt,
             const GenParams *p, GenEmitFn emit, void *ud, GenStats *st,
             Err *err)
 {
-    Sampler     smp;
-    StopMatcher sm;
-    Detok       d;
-    TopLog      tl;
-    int64_t     pos = n_prompt;
-    double      t0 = clock_now_s(), t1;
-    int32_t     tok;
+    StopMatcher  sm;
+    TopLog       tl;
+    DecodeLimits lim = { p->max_tokens, g->n_ctx, false };
+    double       t0 = clock_now_s(), t1;
 
     memset(st, 0, sizeof(*st));
     st->n_prompt = n_prompt;
@@ -316,43 +320,24 @@ int gen_run(Generator *g, const int32_t *prompt, int64_t n_prompt,
     {
         return -1;
     }
-    if (sampler_init(&smp, &p->sampling, g->m->c.n_vocab, err) != 0) {
+    if (decode_start(&g->dec, &p->sampling, &sm, &lim, n_prompt, err) != 0) {
         toplog_free(&tl);
         return -1;
     }
-    detok_init(&d);
 
     prefill(g, prompt, n_prompt);
     t1 = clock_now_s();
     st->t_prefill = t1 - t0;
 
-    while (st->n_gen < p->max_tokens) {
-        if (tl.k > 0) {
-            /* the sampler adds bias and penalties in place: look first */
-            top_collect(g->rs.logits, g->m->c.n_vocab, tl.top, tl.k);
-            memcpy(tl.raw, g->rs.logits, (size_t) g->m->c.n_vocab
-                                         * sizeof(float));
-        }
-        tok = sampler_sample(&smp, g->rs.logits);
-        if (tl.k > 0) {
-            toplog_write(g, &tl, st->n_gen, pos, tok, tl.raw[tok]);
-        }
-        if (tokenizer_is_eog(g->tk, tok)) {
-            st->finish = "stop";
-            break;
-        }
-        sampler_accept(&smp, tok);
-        st->n_gen++;
-        if (emit_token(g, &d, &sm, tok, emit, ud) != 0) {
-            st->finish = "stop";
-            break;
-        }
-        if (st->n_gen == p->max_tokens || pos >= g->n_ctx) break;
-        forward(g, &tok, 1, pos++);
+    /* max_tokens <= 0 asks for nothing (decode.h's -1 would be no limit) */
+    if (p->max_tokens > 0
+        && decode_loop(g, &tl, n_prompt, emit, ud) != DECODE_LENGTH)
+    {
+        st->finish = "stop";
     }
-    if (!sm.stopped) emit_tail(g, &d, &sm, emit, ud);
+    decode_finish(&g->dec, emit, ud);
+    st->n_gen = g->dec.n_gen;
     st->t_decode = clock_now_s() - t1;
-    sampler_free(&smp);
     toplog_free(&tl);
     return 0;
 }

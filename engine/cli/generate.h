@@ -2,15 +2,15 @@
  * `generate` CLI and the single-stream benchmarks.
  *
  * A Generator owns a KV cache for one sequence of up to n_ctx tokens, the
- * activations for prefill chunks of max_batch tokens, a sampler, and text
- * scratch, allocated in gen_init; gen_run allocates only its sampler's
- * scratch (and the top-logits report's, when asked), once, before the
- * first token.
- * gen_run prefills the prompt in chunks, then decodes token by token:
- * sample -> end-of-generation check -> detokenize (whole UTF-8 characters)
- * -> stop strings -> emit, until a stop, EOS or the token limit. The
- * serving scheduler batches many sequences instead; this is the reference
- * it must agree with. */
+ * activations for prefill chunks of max_batch tokens and a decoder (its
+ * sampler and text scratch), allocated in gen_init; gen_run allocates only
+ * the top-logits report's scratch, when asked, once, before the first
+ * token.
+ * gen_run prefills the prompt in chunks, then decodes token by token with
+ * decode.h's step (sample -> end-of-generation check -> detokenize -> stop
+ * strings -> emit), until a stop, EOS or the token limit. The serving
+ * scheduler batches many sequences through the same step instead; this is
+ * the reference it must agree with. */
 
 #ifndef OMNI_GENERATE_H
 #define OMNI_GENERATE_H
@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "decode.h"
 #include "kernels.h"
 #include "kv_cache.h"
 #include "log.h"
@@ -46,7 +47,7 @@ typedef struct {
 } GenStats;
 
 /* Receives generated text as it is produced; nonzero return cancels. */
-typedef int (*GenEmitFn)(void *ud, const char *text, size_t len);
+typedef DecodeEmitFn GenEmitFn;
 
 typedef struct {
     const Model     *m;             // borrowed
@@ -59,8 +60,7 @@ typedef struct {
     int32_t         *block_table;   // (n_ctx / block_size,), owned
     int32_t         *pos;           // (max_batch,), owned
     const int32_t  **tables;        // (max_batch,), owned
-    char            *text;          // text scratch, owned
-    size_t           text_cap;
+    Decoder          dec;           // the sequence's decode state, owned
 } Generator;
 
 /* Sets up for sequences of up to n_ctx tokens (prompt + output), prefilled

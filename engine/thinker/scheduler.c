@@ -3,7 +3,7 @@
  *
  * State. A request is either queued (a Queued entry: its prompt copy and
  * validated parameters) or admitted (a Seq slot: tokens, block table,
- * sampler, stop matcher, detokenizer). Admitted slots are kept in run[],
+ * decoder). Admitted slots are kept in run[],
  * oldest admission first; a preempted sequence keeps its place there, which
  * is what makes it resume ahead of anything admitted after it. The queue
  * is a doubly linked FIFO over a preallocated array of max_queue entries,
@@ -34,10 +34,9 @@
  * New sequences are not admitted in a step where an admitted one stalled
  * for lack of blocks: they would take blocks the stalled one is owed.
  *
- * Output equals generate.c's token for token: the same sampler calls in
- * the same order per sequence, the same end checks, the same text scratch
- * sizes (the detokenizer drops characters that do not fit whole, so the
- * cap must match), and the kernels are batch-invariant.
+ * Output equals generate.c's token for token: both run decode.h's step
+ * (the same sampler calls in the same order per sequence, the same end
+ * checks, the same text scratch), and the kernels are batch-invariant.
  *
  * Allocation: everything in sched_new, except the queued prompt copies.
  * Queue entries keep their prompt buffer when they are recycled and
@@ -49,9 +48,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "decode.h"
 #include "scheduler.h"
-
-#define TEXT_CAP    (4096 + STOP_MAX_LEN)   // generate.c's text_cap
 
 typedef struct {
     uint64_t       id;
@@ -73,21 +71,17 @@ typedef struct {
     int64_t      n_tokens;
     int64_t      n_prompt;
     int64_t      n_computed;    // leading tokens whose K/V are cached
-    int64_t      n_gen;
-    int64_t      max_tokens;    // -1: no limit but the context
     int64_t      cached;        // prompt tokens hit at first admission
     int32_t     *table;         // (max_blocks,) block table, owned
     int64_t      n_blocks;      // entries of table held (one ref each)
     int64_t      n_hashed;      // leading blocks published or found
     uint64_t     root;          // chain hash before block 0 (salted)
     uint64_t     last_hash;     // chain hash of block n_hashed - 1
-    bool         ignore_eos;
     bool         done;          // finished in this step's sampling
     bool         preempted;     // preempted in this step's planning
     int64_t      chunk;         // tokens planned for this step
-    Sampler      smp;           // scratch allocated once, in sched_new
-    StopMatcher  stop;
-    Detok        detok;
+    Decoder      dec;           // sampler, detokenizer, stop matcher,
+                                //   counts; scratch from sched_new
 } Seq;
 
 struct Scheduler {
@@ -115,10 +109,13 @@ struct Scheduler {
     const int32_t  **b_tables;      // (max_batch_tokens,)
     int32_t         *out_idx;       // (max_seqs,) batch rows with logits
     int32_t         *out_seq;       // (max_seqs,) their slots
-    char            *piece;         // (TEXT_CAP,) detokenizer output
-    char            *text;          // (TEXT_CAP + STOP_MAX_LEN,) stop
-                                    //   matcher output
 };
+
+/* Where a sequence's text goes: decode.h's emit callback's ud. */
+typedef struct {
+    Scheduler *s;
+    uint64_t   id;
+} SeqOut;
 
 
 /* ---- Events and statistics ------------------------------------------- */
@@ -140,8 +137,12 @@ static void emit_error(Scheduler *s, uint64_t id, int status,
     }
 }
 
-static void emit_text(Scheduler *s, uint64_t id, const char *t, size_t n) {
-    if (n > 0 && s->ev.text != NULL) s->ev.text(s->ev.ud, id, t, n);
+/* decode.h's emit callback: text to the TEXT event. Never cancels. */
+static int emit_text(void *ud, const char *t, size_t n) {
+    SeqOut *o = ud;
+
+    if (o->s->ev.text != NULL) o->s->ev.text(o->s->ev.ud, o->id, t, n);
+    return 0;
 }
 
 /* The parameter an Err from the sampler or stop matcher names: its text up
@@ -212,7 +213,7 @@ static int alloc_seqs(Scheduler *s, Err *err) {
         if (q->tokens == NULL || q->table == NULL) {
             return err_set(err, "out of memory for sequence slots");
         }
-        if (sampler_init(&q->smp, &def, n_vocab, err) != 0) return -1;
+        if (decode_init(&q->dec, s->tk, n_vocab, err) != 0) return -1;
     }
     for (int i = 0; i < s->cfg.max_queue; i++) {
         s->queue[i].next = i + 1 < s->cfg.max_queue ? i + 1 : -1;
@@ -253,12 +254,9 @@ Scheduler *sched_new(const Model *m, const Tokenizer *tk, Backend *be,
     s->b_tables = malloc((size_t) nb * sizeof(int32_t *));
     s->out_idx = malloc((size_t) cfg->max_seqs * sizeof(int32_t));
     s->out_seq = malloc((size_t) cfg->max_seqs * sizeof(int32_t));
-    s->piece = malloc(TEXT_CAP);
-    s->text = malloc(TEXT_CAP + STOP_MAX_LEN);
     if (s->seqs == NULL || s->run == NULL || s->queue == NULL
         || s->b_tokens == NULL || s->b_pos == NULL || s->b_tables == NULL
-        || s->out_idx == NULL || s->out_seq == NULL || s->piece == NULL
-        || s->text == NULL)
+        || s->out_idx == NULL || s->out_seq == NULL)
     {
         err_set(err, "out of memory");
         goto fail;
@@ -283,7 +281,7 @@ void sched_free(Scheduler *s) {
     for (int i = 0; s->seqs != NULL && i < s->cfg.max_seqs; i++) {
         free(s->seqs[i].tokens);
         free(s->seqs[i].table);
-        sampler_free(&s->seqs[i].smp);
+        decode_free(&s->seqs[i].dec);
     }
     for (int i = 0; s->queue != NULL && i < s->cfg.max_queue; i++) {
         free(s->queue[i].prompt);
@@ -299,8 +297,6 @@ void sched_free(Scheduler *s) {
     free(s->b_tables);
     free(s->out_idx);
     free(s->out_seq);
-    free(s->piece);
-    free(s->text);
     free(s);
 }
 
@@ -544,10 +540,11 @@ static int64_t plan_seq(Scheduler *s, int k, int64_t want) {
  * without preempting anyone (newcomers never preempt). Returns false,
  * leaving it queued, when it does not. */
 static bool admit_head(Scheduler *s) {
-    Queued  *w = &s->queue[s->q_head];
-    Seq     *q = NULL;
-    int64_t  end;
-    Err      err;
+    Queued       *w = &s->queue[s->q_head];
+    Seq          *q = NULL;
+    int64_t       end;
+    DecodeLimits  lim = { w->max_tokens, s->cfg.max_ctx, w->ignore_eos };
+    Err           err;
 
     for (int i = 0; q == NULL; i++) {
         if (!s->seqs[i].busy) q = &s->seqs[i];
@@ -564,7 +561,9 @@ static bool admit_head(Scheduler *s) {
         seq_release(s, q);
         return false;
     }
-    if (sampler_set_params(&q->smp, &w->sampling, &err) != 0) {
+    if (decode_start(&q->dec, &w->sampling, &w->stop, &lim, q->n_prompt,
+                     &err) != 0)
+    {
         /* validated at submit; believed unreachable */
         seq_release(s, q);
         emit_error(s, w->id, 500, "server_error", NULL, NULL, err.msg);
@@ -573,12 +572,7 @@ static bool admit_head(Scheduler *s) {
     }
     q->busy = true;
     q->id = w->id;
-    q->n_gen = 0;
-    q->max_tokens = w->max_tokens;
-    q->ignore_eos = w->ignore_eos;
     q->done = false;
-    q->stop = w->stop;
-    detok_init(&q->detok);
     q->chunk = end - q->n_computed;
     s->used += q->chunk;
     s->run[s->n_run++] = (int32_t) (q - s->seqs);
@@ -625,61 +619,41 @@ static void plan_step(Scheduler *s) {
 
 /* ---- Sampling and text -------------------------------------------------- */
 
-/* Streams the text token tok completes, through the stop matcher. Returns
- * true when a stop string matched. */
-static bool seq_text(Scheduler *s, Seq *q, int32_t tok) {
-    size_t n = detok_push(&q->detok, s->tk, tok, s->piece, TEXT_CAP);
-
-    n = stop_feed(&q->stop, s->piece, n, s->text, TEXT_CAP + STOP_MAX_LEN);
-    emit_text(s, q->id, s->text, n);
-    return q->stop.stopped;
-}
-
-/* Ends q: the text still held back (unless a stop string ended it), DONE,
- * and its blocks back to the pool. run[] is compacted by the caller. */
+/* Ends q: the text still held back, DONE, and its blocks back to the
+ * pool. run[] is compacted by the caller. */
 static void seq_finish(Scheduler *s, Seq *q, OmniFinish finish) {
-    size_t   cap = TEXT_CAP + STOP_MAX_LEN, n;
+    SeqOut   o = { s, q->id };
     OmniDone d;
 
-    if (!q->stop.stopped) {
-        n = detok_flush(&q->detok, s->piece, TEXT_CAP);
-        n = stop_feed(&q->stop, s->piece, n, s->text, cap);
-        if (!q->stop.stopped) n += stop_flush(&q->stop, s->text + n, cap - n);
-        emit_text(s, q->id, s->text, n);
-    }
+    decode_finish(&q->dec, emit_text, &o);
     d.prompt_tokens = (uint32_t) q->n_prompt;
     d.cached_tokens = (uint32_t) q->cached;
-    d.completion_tokens = (uint32_t) q->n_gen;
+    d.completion_tokens = (uint32_t) q->dec.n_gen;
     d.finish = (uint8_t) finish;
-    d.seed = q->smp.p.seed;
+    d.seed = q->dec.smp.p.seed;
     if (s->ev.done != NULL) s->ev.done(s->ev.ud, q->id, &d);
     seq_release(s, q);
     q->busy = false;
     q->done = true;
 }
 
-/* Samples q's next token from its logits row and applies generate.c's end
- * checks in its order: end of generation (not counted), then the token is
- * taken and streamed, then a stop string, the token limit or a full
- * context end it. */
+/* Runs decode.h's step on q's logits row. A taken token joins q's tokens
+ * (it runs in the next step unless the sequence ended); an end of
+ * generation, a stop string or a limit finishes q. */
 static void seq_sample(Scheduler *s, Seq *q, float *logits) {
-    int32_t tok = sampler_sample(&q->smp, logits);
+    SeqOut    o = { s, q->id };
+    int32_t   tok;
+    DecodeEnd end = decode_token(&q->dec, logits, &tok, emit_text, &o);
 
-    if (!q->ignore_eos && tokenizer_is_eog(s->tk, tok)) {
-        seq_finish(s, q, OMNI_FINISH_STOP);
-        return;
+    if (end != DECODE_EOS) {
+        q->tokens[q->n_tokens++] = tok;
+        if (s->stats != NULL) {
+            stat_add(&s->stats->thinker.generation_tokens, 1);
+        }
     }
-    sampler_accept(&q->smp, tok);
-    q->tokens[q->n_tokens++] = tok;
-    q->n_gen++;
-    if (s->stats != NULL) stat_add(&s->stats->thinker.generation_tokens, 1);
-    if (seq_text(s, q, tok)) {
-        seq_finish(s, q, OMNI_FINISH_STOP);
-    } else if ((q->max_tokens >= 0 && q->n_gen >= q->max_tokens)
-               || q->n_tokens > s->cfg.max_ctx)
-    {
-        /* the newest token sits at position max_ctx: no room to run it */
-        seq_finish(s, q, OMNI_FINISH_LENGTH);
+    if (end != DECODE_MORE) {
+        seq_finish(s, q, end == DECODE_LENGTH ? OMNI_FINISH_LENGTH
+                                               : OMNI_FINISH_STOP);
     }
 }
 

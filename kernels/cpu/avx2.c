@@ -67,60 +67,63 @@ enum { T_F32, T_F16, T_BF16, T_Q8, T_Q4, T_Q8X, T_Q4X };
 /* Tiles and blocking (measured with 2 threads on Zen 3, see the figures
  * in README "Kernels"):
  *
- * F_MR x F_NR tiles (one accumulator per output), Q_MR x Q_NR for
- * stored q types, X_MR x X_NR for repacked ones: register tiles. PANEL_L2
- * bytes of weight rows (at most PANEL_MAX rows) make a panel that stays
- * in L2 while every tile of activation rows runs against it, k cut into
- * blocks of KC elements so that a tile's activations stay in L1.
- * Repacked q types stream X_S weight rows at a time against X_BLOCK bytes
- * of activations (L2), k in blocks of X_KB elements (X_S rows and a tile
- * of activations in L1). */
-#define F_MR    4
-#define F_NR    3
-#define Q_MR    2
-#define Q_NR    2
-#define X_MR    4
-#define X_NR    1
-#define X_S     4               /* weight rows a stream holds in L1 */
-#define KC      1024            /* elements per K block (multiple of 16) */
+ * A register tile is rows activation rows against cols weight rows: the
+ * (rows x cols) block of outputs, one accumulator each. F_ROWS x F_COLS
+ * tiles for f types, Q_ROWS x Q_COLS for stored q types, X_ROWS x X_COLS
+ * for repacked ones. PANEL_L2 bytes of weight rows (at most PANEL_MAX
+ * rows) make a panel that stays in L2 while every tile of activation rows
+ * runs against it, k cut into blocks of K_BLOCK elements so that a tile's
+ * activations stay in L1. Repacked q types stream X_STREAM weight rows at
+ * a time against X_BLOCK bytes of activations (L2), k in blocks of
+ * X_K_BLOCK elements (X_STREAM rows and a tile of activations in L1). */
+#define F_ROWS  4
+#define F_COLS  3
+#define Q_ROWS  2
+#define Q_COLS  2
+#define X_ROWS  4
+#define X_COLS  1
+#define X_STREAM 4              /* weight rows a stream holds in L1 */
+#define K_BLOCK 1024            /* elements per K block (multiple of 16) */
 #define PANEL_L2 (160 << 10)    /* bytes of weights in a panel */
 #define PANEL_MAX 48            /* most rows in a panel (multiple of 6) */
 #define X_BLOCK (160 << 10)     /* bytes of activations kept in L2 */
-#define X_KB    2048            /* elements per k block (multiple of 512) */
+#define X_K_BLOCK 2048          /* elements per k block (multiple of 512) */
 #define X_PARK_ROWS 64          /* most activation rows per block of k */
-#define MR_MAX  4               /* of F_MR, Q_MR and X_MR */
-#define NR_MAX  3               /* of F_NR, Q_NR and X_NR */
+#define ROWS_MAX 4              /* of F_ROWS, Q_ROWS and X_ROWS */
+#define COLS_MAX 3              /* of F_COLS, Q_COLS and X_COLS */
 
 /* Parked accumulators: slot (weight row j, activation row i) of a panel;
- * a stream's tile of X_MR rows takes X_S weight rows' worth (X_PARK_TILE
- * vectors). */
-#define PARK(j, i)    ((j) * MR_MAX + (i))
-#define X_PARK_TILE   (X_S * MR_MAX)
+ * a stream's tile of X_ROWS rows takes X_STREAM weight rows' worth
+ * (X_TILE_PARK_SLOTS vectors). */
+#define PARK_SLOT(j, i)     ((j) * ROWS_MAX + (i))
+#define X_TILE_PARK_SLOTS   (X_STREAM * ROWS_MAX)
 
-_Static_assert(F_MR <= MR_MAX && Q_MR <= MR_MAX && X_MR <= MR_MAX
-               && F_NR <= NR_MAX && Q_NR <= NR_MAX && X_NR <= NR_MAX,
+_Static_assert(F_ROWS <= ROWS_MAX && Q_ROWS <= ROWS_MAX && X_ROWS <= ROWS_MAX
+               && F_COLS <= COLS_MAX && Q_COLS <= COLS_MAX
+               && X_COLS <= COLS_MAX,
                "tile arrays too small");
-_Static_assert(KC % 32 == 0, "K blocks must start a block");
-_Static_assert(PANEL_MAX % F_NR == 0 && PANEL_MAX % Q_NR == 0
-               && X_S % X_NR == 0 && X_KB % 512 == 0, "tiles must fit");
+_Static_assert(K_BLOCK % 32 == 0, "K blocks must start a block");
+_Static_assert(PANEL_MAX % F_COLS == 0 && PANEL_MAX % Q_COLS == 0
+               && X_STREAM % X_COLS == 0 && X_K_BLOCK % 512 == 0,
+               "tiles must fit");
 
-INLINE int t_mr(const int T) {
-    return T <= T_BF16 ? F_MR : T <= T_Q4 ? Q_MR : X_MR;
+INLINE int t_rows(const int wtype) {
+    return wtype <= T_BF16 ? F_ROWS : wtype <= T_Q4 ? Q_ROWS : X_ROWS;
 }
-INLINE int t_nr(const int T) {
-    return T <= T_BF16 ? F_NR : T <= T_Q4 ? Q_NR : X_NR;
+INLINE int t_cols(const int wtype) {
+    return wtype <= T_BF16 ? F_COLS : wtype <= T_Q4 ? Q_COLS : X_COLS;
 }
-INLINE int t_step(const int T) {
-    return T <= T_BF16 ? 8 : T <= T_Q4 ? 32 : 512;
+INLINE int t_step(const int wtype) {
+    return wtype <= T_BF16 ? 8 : wtype <= T_Q4 ? 32 : 512;
 }
 /* The type whose steps run the tail of a WL_X16 row (its blocks past the
  * last group are stored as usual). */
-INLINE int t_base(const int T) {
-    return T == T_Q8X ? T_Q8 : T == T_Q4X ? T_Q4 : T;
+INLINE int t_base(const int wtype) {
+    return wtype == T_Q8X ? T_Q8 : wtype == T_Q4X ? T_Q4 : wtype;
 }
 /* Bytes of a WL_X16 group. */
-INLINE size_t t_group(const int T) {
-    return X16 * (T == T_Q8X ? sizeof(BlockQ8_0) : sizeof(BlockQ4_0));
+INLINE size_t t_group(const int wtype) {
+    return X16 * (wtype == T_Q8X ? sizeof(BlockQ8_0) : sizeof(BlockQ4_0));
 }
 
 
@@ -183,21 +186,21 @@ typedef struct {
     __m256  d;              //   and the block scale
 } XOp;
 
-INLINE WOp load_w(const int T, const char *w, int64_t s) {
+INLINE WOp load_w(const int wtype, const char *w, int64_t s) {
     WOp o;
 
-    if (T == T_F32) {
+    if (wtype == T_F32) {
         o.f = _mm256_loadu_ps((const float *) w + s * 8);
-    } else if (T == T_F16 || T == T_BF16) {
+    } else if (wtype == T_F16 || wtype == T_BF16) {
         __m128i h = _mm_loadu_si128((const __m128i *) ((const uint16_t *) w
                                                        + s * 8));
 
-        o.f = T == T_F16 ? _mm256_cvtph_ps(h) : _mm256_castsi256_ps(
+        o.f = wtype == T_F16 ? _mm256_cvtph_ps(h) : _mm256_castsi256_ps(
             _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
     } else {
         uint16_t d;
 
-        if (T == T_Q8) {
+        if (wtype == T_Q8) {
             const BlockQ8_0 *b = (const BlockQ8_0 *) w + s;
 
             o.q = _mm256_loadu_si256((const __m256i *) b->qs);
@@ -218,10 +221,10 @@ INLINE WOp load_w(const int T, const char *w, int64_t s) {
     return o;
 }
 
-INLINE XOp load_x(const int T, const char *x, int64_t s) {
+INLINE XOp load_x(const int wtype, const char *x, int64_t s) {
     XOp o;
 
-    if (T <= T_BF16) {
+    if (wtype <= T_BF16) {
         o.f = _mm256_loadu_ps((const float *) x + s * 8);
         /* one load per row and step, not one per FMA (see avx512.c) */
         __asm__("" : "+x"(o.f));
@@ -232,10 +235,10 @@ INLINE XOp load_x(const int T, const char *x, int64_t s) {
     return o;
 }
 
-INLINE __m256 madd(const int T, XOp x, WOp w, __m256 acc) {
+INLINE __m256 madd(const int wtype, XOp x, WOp w, __m256 acc) {
     __m256i p;
 
-    if (T <= T_BF16) return _mm256_fmadd_ps(x.f, w.f, acc);
+    if (wtype <= T_BF16) return _mm256_fmadd_ps(x.f, w.f, acc);
     /* |w| * (x with w's sign) = w * x, at most 2 * 128 * 127 per pair */
     p = _mm256_maddubs_epi16(w.a, _mm256_sign_epi8(x.q, w.q));
     p = _mm256_madd_epi16(p, _mm256_set1_epi16(1));
@@ -243,27 +246,29 @@ INLINE __m256 madd(const int T, XOp x, WOp w, __m256 acc) {
                            acc);
 }
 
-INLINE void tile_step(const int T, const int MR, const int NR,
+INLINE void tile_step(const int wtype, const int rows, const int cols,
                       const char *x, size_t ldx, const char *w, size_t ldw,
-                      int64_t s, __m256 acc[MR_MAX][NR_MAX])
+                      int64_t s, __m256 acc[ROWS_MAX][COLS_MAX])
 {
-    WOp wv[NR_MAX];
+    WOp wv[COLS_MAX];
 
 #pragma GCC unroll 4
-    for (int j = 0; j < NR; j++) wv[j] = load_w(T, w + j * ldw, s);
+    for (int j = 0; j < cols; j++) wv[j] = load_w(wtype, w + j * ldw, s);
 #pragma GCC unroll 4
-    for (int i = 0; i < MR; i++) {
-        XOp xv = load_x(T, x + i * ldx, s);
+    for (int i = 0; i < rows; i++) {
+        XOp xv = load_x(wtype, x + i * ldx, s);
 
 #pragma GCC unroll 4
-        for (int j = 0; j < NR; j++) acc[i][j] = madd(T, xv, wv[j], acc[i][j]);
+        for (int j = 0; j < cols; j++) {
+            acc[i][j] = madd(wtype, xv, wv[j], acc[i][j]);
+        }
     }
 }
 
 
 /* ---- matmul: half groups of repacked q rows ----------------------------- */
 
-/* Half h (blocks 8h..8h+7) of group g of an (MR x NR) tile of WL_X16 rows.
+/* Half h (blocks 8h..8h+7) of group g of an (rows x cols) tile of WL_X16 rows.
  * Per output one int32 vector ends with the exact dot of block 8h+i in
  * lane i; then one convert, one multiply of the 8 scale pairs, one FMA,
  * in this order for every tile shape.
@@ -276,50 +281,51 @@ INLINE void tile_step(const int T, const int MR, const int NR,
  * in int16 (|sum| <= 8 * 2 * 15 * 127 < 2^15), one madd widens them, and
  * the activation's -8 * sum(x) per block cancels the nibbles' +8.
  * Integer sums are exact, so their order changes no bit. The first half
- * of a tile given pf prefetches its rows' group at pf. */
-INLINE void half_step(const int T, const int MR, const int NR,
+ * of a tile given prefetch prefetches its rows' group at prefetch. */
+INLINE void half_step(const int wtype, const int rows, const int cols,
                       const char *x, size_t ldx, const char *w, size_t ldw,
-                      int64_t g, int h, __m256 acc[MR_MAX][NR_MAX],
-                      const char *pf)
+                      int64_t g, int h, __m256 acc[ROWS_MAX][COLS_MAX],
+                      const char *prefetch)
 {
-    const size_t  gb = t_group(T);
+    const size_t  group_bytes = t_group(wtype);
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256i       p[MR_MAX][NR_MAX];
-    __m256        wd[NR_MAX];
+    __m256i       p[ROWS_MAX][COLS_MAX];
+    __m256        wd[COLS_MAX];
 
     x += g * XG_STEP + h * XG_HALF;
-    w += g * gb;
-    if (pf != NULL && h == 0) {
+    w += g * group_bytes;
+    if (prefetch != NULL && h == 0) {
 #pragma GCC unroll 4
-        for (int j = 0; j < NR; j++) {
-            for (size_t o = 0; o < gb + 63; o += 64) {
-                _mm_prefetch(pf + g * gb + j * ldw + o, _MM_HINT_T0);
+        for (int j = 0; j < cols; j++) {
+            for (size_t o = 0; o < group_bytes + 63; o += 64) {
+                _mm_prefetch(prefetch + g * group_bytes + j * ldw + o,
+                             _MM_HINT_T0);
             }
         }
     }
 #pragma GCC unroll 4
-    for (int i = 0; i < MR; i++) {
+    for (int i = 0; i < rows; i++) {
 #pragma GCC unroll 4
-        for (int j = 0; j < NR; j++) p[i][j] = _mm256_setzero_si256();
+        for (int j = 0; j < cols; j++) p[i][j] = _mm256_setzero_si256();
     }
-    if (T == T_Q8X) {
+    if (wtype == T_Q8X) {
         for (int c = 0; c < 8; c++) {
-            __m256i ws[NR_MAX], wa[NR_MAX];
+            __m256i ws[COLS_MAX], wa[COLS_MAX];
 
 #pragma GCC unroll 4
-            for (int j = 0; j < NR; j++) {
+            for (int j = 0; j < cols; j++) {
                 ws[j] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)
                             (w + j * ldw + 32 + 64 * c + 32 * h)),
                         _mm256_set1_epi8((char) 0x80));
                 wa[j] = _mm256_sign_epi8(ws[j], ws[j]);
             }
 #pragma GCC unroll 4
-            for (int i = 0; i < MR; i++) {
+            for (int i = 0; i < rows; i++) {
                 __m256i xv = _mm256_loadu_si256((const __m256i *)
                                                 (x + i * ldx + 32 * c));
 
 #pragma GCC unroll 4
-                for (int j = 0; j < NR; j++) {
+                for (int j = 0; j < cols; j++) {
                     p[i][j] = _mm256_add_epi32(p[i][j], _mm256_madd_epi16(
                         _mm256_maddubs_epi16(wa[j],
                                              _mm256_sign_epi8(xv, ws[j])),
@@ -331,10 +337,10 @@ INLINE void half_step(const int T, const int MR, const int NR,
         const __m256i m = _mm256_set1_epi8(15);
 
         for (int c = 0; c < 4; c++) {
-            __m256i lo[NR_MAX], hi[NR_MAX];
+            __m256i lo[COLS_MAX], hi[COLS_MAX];
 
 #pragma GCC unroll 4
-            for (int j = 0; j < NR; j++) {
+            for (int j = 0; j < cols; j++) {
                 __m256i v = _mm256_loadu_si256((const __m256i *)
                                                (w + j * ldw + 32 + 64 * c
                                                 + 32 * h));
@@ -343,14 +349,14 @@ INLINE void half_step(const int T, const int MR, const int NR,
                 hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m);
             }
 #pragma GCC unroll 4
-            for (int i = 0; i < MR; i++) {
+            for (int i = 0; i < rows; i++) {
                 __m256i xa = _mm256_loadu_si256((const __m256i *)
                                                 (x + i * ldx + 32 * c));
                 __m256i xb = _mm256_loadu_si256((const __m256i *)
                                                 (x + i * ldx + 32 * c + 128));
 
 #pragma GCC unroll 4
-                for (int j = 0; j < NR; j++) {
+                for (int j = 0; j < cols; j++) {
                     p[i][j] = _mm256_add_epi16(p[i][j],
                                                _mm256_maddubs_epi16(lo[j], xa));
                     p[i][j] = _mm256_add_epi16(p[i][j],
@@ -359,28 +365,28 @@ INLINE void half_step(const int T, const int MR, const int NR,
             }
         }
 #pragma GCC unroll 4
-        for (int i = 0; i < MR; i++) {
+        for (int i = 0; i < rows; i++) {
             __m256i c = _mm256_loadu_si256((const __m256i *)
                                            (x + i * ldx + 256));
 
 #pragma GCC unroll 4
-            for (int j = 0; j < NR; j++) {
+            for (int j = 0; j < cols; j++) {
                 p[i][j] = _mm256_add_epi32(_mm256_madd_epi16(p[i][j], ones),
                                            c);
             }
         }
     }
 #pragma GCC unroll 4
-    for (int j = 0; j < NR; j++) {
+    for (int j = 0; j < cols; j++) {
         wd[j] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)
                                                 (w + j * ldw + 16 * h)));
     }
 #pragma GCC unroll 4
-    for (int i = 0; i < MR; i++) {
+    for (int i = 0; i < rows; i++) {
         __m256 xd = _mm256_loadu_ps((const float *) (x + i * ldx + 288));
 
 #pragma GCC unroll 4
-        for (int j = 0; j < NR; j++) {
+        for (int j = 0; j < cols; j++) {
             acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p[i][j]),
                                         _mm256_mul_ps(xd, wd[j]), acc[i][j]);
         }
@@ -390,107 +396,112 @@ INLINE void half_step(const int T, const int MR, const int NR,
 
 /* ---- matmul: the tile body -------------------------------------------------- */
 
-/* out (MR, NR) of x (MR, k) . w (NR, k)^T over the elements [k0, k1).
+/* out (rows, cols) of x (rows, k) . w (cols, k)^T over the elements [k0, k1).
  * Every output has one accumulator: the steps in order, then the tail
  * (f types: k % 8 elements, zero-padded; WL_X16 rows: the stored blocks
  * after the last group), summed at k1 == k by the fixed tree.
- * k0 > 0 resumes from pk, k1 < k parks there (pk: this tile's slot
- * PARK(0, 0)). A repacked tile given pf prefetches its NR rows' groups
- * there. */
-INLINE void tile(const int T, const int MR, const int NR, int64_t k,
+ * k0 > 0 resumes from parked, k1 < k parks there (parked: this tile's slot
+ * PARK_SLOT(0, 0)). A repacked tile given prefetch (the weight rows to
+ * come) prefetches its cols rows' groups there. */
+INLINE void tile(const int wtype, const int rows, const int cols, int64_t k,
                  int64_t k0, int64_t k1, const char *x, size_t ldx,
                  const char *w, size_t ldw, float *out, size_t ldo,
-                 __m256 *pk, const char *pf)
+                 __m256 *parked, const char *prefetch)
 {
-    const int step = t_step(T);
+    const int step = t_step(wtype);
     int64_t   s = k0 / step, s1 = k1 / step, ns = k / step;
     int       rem = (int) (k % step);
-    __m256    acc[MR_MAX][NR_MAX];
+    __m256    acc[ROWS_MAX][COLS_MAX];
 
 #pragma GCC unroll 4
-    for (int i = 0; i < MR; i++) {
+    for (int i = 0; i < rows; i++) {
 #pragma GCC unroll 4
-        for (int j = 0; j < NR; j++) {
-            acc[i][j] = k0 == 0 ? _mm256_setzero_ps() : pk[PARK(j, i)];
+        for (int j = 0; j < cols; j++) {
+            acc[i][j] = k0 == 0 ? _mm256_setzero_ps()
+                                : parked[PARK_SLOT(j, i)];
         }
     }
-    if (T >= T_Q8X) {
+    if (wtype >= T_Q8X) {
         for (; s < s1; s++) {
-            half_step(T, MR, NR, x, ldx, w, ldw, s, 0, acc, pf);
-            half_step(T, MR, NR, x, ldx, w, ldw, s, 1, acc, pf);
+            half_step(wtype, rows, cols, x, ldx, w, ldw, s, 0, acc, prefetch);
+            half_step(wtype, rows, cols, x, ldx, w, ldw, s, 1, acc, prefetch);
         }
     } else {
 #pragma GCC unroll 2
-        for (; s < s1; s++) tile_step(T, MR, NR, x, ldx, w, ldw, s, acc);
+        for (; s < s1; s++) {
+            tile_step(wtype, rows, cols, x, ldx, w, ldw, s, acc);
+        }
     }
     if (k1 < k) {
 #pragma GCC unroll 4
-        for (int i = 0; i < MR; i++) {
+        for (int i = 0; i < rows; i++) {
 #pragma GCC unroll 4
-            for (int j = 0; j < NR; j++) pk[PARK(j, i)] = acc[i][j];
+            for (int j = 0; j < cols; j++) parked[PARK_SLOT(j, i)] = acc[i][j];
         }
         return;
     }
-    if (T >= T_Q8X) {
-        const char *xt = x + ns * XG_STEP, *wt = w + ns * t_group(T);
+    if (wtype >= T_Q8X) {
+        const char *xt = x + ns * XG_STEP, *wt = w + ns * t_group(wtype);
 
         for (int b = 0; b < rem / QK; b++) {
-            tile_step(t_base(T), MR, NR, xt, ldx, wt, ldw, b, acc);
+            tile_step(t_base(wtype), rows, cols, xt, ldx, wt, ldw, b, acc);
         }
-    } else if (T <= T_BF16 && rem != 0) {
+    } else if (wtype <= T_BF16 && rem != 0) {
         /* 8 f32 activations and 8 weights of up to 4 bytes per row */
-        float xp[MR_MAX][8], wp[NR_MAX][8];
-        int   wb = T == T_F32 ? 4 : 2;
+        float xp[ROWS_MAX][8], wp[COLS_MAX][8];
+        int   wb = wtype == T_F32 ? 4 : 2;
 
         memset(xp, 0, sizeof(xp));
         memset(wp, 0, sizeof(wp));
-        for (int i = 0; i < MR; i++) {
+        for (int i = 0; i < rows; i++) {
             memcpy(xp[i], x + i * ldx + ns * 32, (size_t) rem * 4);
         }
-        for (int j = 0; j < NR; j++) {
+        for (int j = 0; j < cols; j++) {
             memcpy(wp[j], w + j * ldw + ns * 8 * wb, (size_t) rem * wb);
         }
-        tile_step(T, MR, NR, (char *) xp, 32, (char *) wp, 32, 0, acc);
+        tile_step(wtype, rows, cols, (char *) xp, 32, (char *) wp, 32, 0, acc);
     }
 #pragma GCC unroll 4
-    for (int i = 0; i < MR; i++) {
+    for (int i = 0; i < rows; i++) {
 #pragma GCC unroll 4
-        for (int j = 0; j < NR; j++) out[i * ldo + j] = hsum(acc[i][j]);
+        for (int j = 0; j < cols; j++) out[i * ldo + j] = hsum(acc[i][j]);
     }
 }
 
-/* One (mr x NR) tile, mr <= the type's MR, or its 1x1 pieces at a
- * weight-row edge (nr < NR): a 1x1 tile computes each output exactly as
+/* One (mr x cols) tile, mr <= the type's rows, or its 1x1 pieces at a
+ * weight-row edge (nr < cols): a 1x1 tile computes each output exactly as
  * the big one does. */
-INLINE void tile_any(const int T, int64_t k, int64_t k0, int64_t k1, int mr,
-                     int nr, const char *x, size_t ldx, const char *w,
-                     size_t ldw, float *out, size_t ldo, __m256 *pk,
-                     const char *pf)
+INLINE void tile_any(const int wtype, int64_t k, int64_t k0, int64_t k1,
+                     int mr, int nr, const char *x, size_t ldx, const char *w,
+                     size_t ldw, float *out, size_t ldo, __m256 *parked,
+                     const char *prefetch)
 {
-    const int NR = t_nr(T);
+    const int cols = t_cols(wtype);
 
-    if (nr == NR) {
-        switch (mr) {                   /* MR_MAX cases */
-        case 4: if (t_mr(T) >= 4) {
-                    tile(T, 4, NR, k, k0, k1, x, ldx, w, ldw, out, ldo, pk,
-                         pf);
+    if (nr == cols) {
+        switch (mr) {                   /* ROWS_MAX cases */
+        case 4: if (t_rows(wtype) >= 4) {
+                    tile(wtype, 4, cols, k, k0, k1, x, ldx, w, ldw, out, ldo,
+                         parked, prefetch);
                 }
                 return;
-        case 3: if (t_mr(T) >= 3) {
-                    tile(T, 3, NR, k, k0, k1, x, ldx, w, ldw, out, ldo, pk,
-                         pf);
+        case 3: if (t_rows(wtype) >= 3) {
+                    tile(wtype, 3, cols, k, k0, k1, x, ldx, w, ldw, out, ldo,
+                         parked, prefetch);
                 }
                 return;
-        case 2: tile(T, 2, NR, k, k0, k1, x, ldx, w, ldw, out, ldo, pk, pf);
+        case 2: tile(wtype, 2, cols, k, k0, k1, x, ldx, w, ldw, out, ldo,
+                     parked, prefetch);
                 return;
-        case 1: tile(T, 1, NR, k, k0, k1, x, ldx, w, ldw, out, ldo, pk, pf);
+        case 1: tile(wtype, 1, cols, k, k0, k1, x, ldx, w, ldw, out, ldo,
+                     parked, prefetch);
                 return;
         }
     }
     for (int i = 0; i < mr; i++) {
         for (int j = 0; j < nr; j++) {
-            tile(T, 1, 1, k, k0, k1, x + i * ldx, ldx, w + j * ldw, ldw,
-                 out + i * ldo + j, ldo, pk + PARK(j, i), pf);
+            tile(wtype, 1, 1, k, k0, k1, x + i * ldx, ldx, w + j * ldw, ldw,
+                 out + i * ldo + j, ldo, parked + PARK_SLOT(j, i), prefetch);
         }
     }
 }
@@ -501,96 +512,99 @@ INLINE void tile_any(const int T, int64_t k, int64_t k0, int64_t k1, int mr,
 /* f types and stored q types with more than one activation row: panels
  * of weight rows that fit L2 (PANEL_L2 bytes, at most PANEL_MAX rows),
  * each run against every tile of activation rows in turn, k in blocks of
- * KC so that the tile's block of activations stays in L1 while the
+ * K_BLOCK so that the tile's block of activations stays in L1 while the
  * panel's weight tiles stream past it from L2. Between blocks the
  * accumulators themselves (not sums) are parked, so a blocked output
  * sees exactly the operations of an unblocked one. */
-INLINE void gemm_panels(const int T, int64_t k, int mr, int nr,
+INLINE void gemm_panels(const int wtype, int64_t k, int mr, int nr,
                         const char *x, size_t ldx, const char *w, size_t ldw,
                         float *out, size_t ldo)
 {
-    const int MR = t_mr(T), NR = t_nr(T);
-    __m256    park[PANEL_MAX * MR_MAX];
-    int       panel = (int) (PANEL_L2 / ldw) / NR * NR;
+    const int rows = t_rows(wtype), cols = t_cols(wtype);
+    __m256    park[PANEL_MAX * ROWS_MAX];
+    int       panel = (int) (PANEL_L2 / ldw) / cols * cols;
 
-    panel = panel < NR ? NR : panel > PANEL_MAX ? PANEL_MAX : panel;
+    panel = panel < cols ? cols : panel > PANEL_MAX ? PANEL_MAX : panel;
     for (int p0 = 0; p0 < nr; p0 += panel) {
         int pn = nr - p0 < panel ? nr - p0 : panel;
 
-        for (int i0 = 0; i0 < mr; i0 += MR) {
-            int m = mr - i0 < MR ? mr - i0 : MR;
+        for (int i0 = 0; i0 < mr; i0 += rows) {
+            int m = mr - i0 < rows ? mr - i0 : rows;
 
-            for (int64_t k0 = 0; k0 < k; k0 += KC) {
-                int64_t k1 = k - k0 <= KC ? k : k0 + KC;
+            for (int64_t k0 = 0; k0 < k; k0 += K_BLOCK) {
+                int64_t k1 = k - k0 <= K_BLOCK ? k : k0 + K_BLOCK;
 
-                for (int j = 0; j < pn; j += NR) {
-                    tile_any(T, k, k0, k1, m, pn - j < NR ? pn - j : NR,
+                for (int j = 0; j < pn; j += cols) {
+                    tile_any(wtype, k, k0, k1, m,
+                             pn - j < cols ? pn - j : cols,
                              x + (size_t) i0 * ldx, ldx,
                              w + (size_t) (p0 + j) * ldw, ldw,
                              out + (size_t) i0 * ldo + p0 + j, ldo,
-                             park + PARK(j, 0), NULL);
+                             park + PARK_SLOT(j, 0), NULL);
                 }
             }
         }
     }
 }
 
-/* Repacked q types, activation rows i .. i + m of a block against the X_S
- * weight rows (or fewer, ns, at the end of a matrix) at w over [k0, k1):
- * (X_MR x X_NR) tiles, the activation tile outer, so each is read from
- * L2 once per X_S weight rows while those stay in L1. The first tile
- * prefetches the rows X_S further on (the others would only ask again
- * for lines already on their way). pk: the block's park (NULL: k is
- * not blocked). */
-INLINE void stream_rows(const int T, int64_t k, int64_t k0, int64_t k1,
+/* Repacked q types, activation rows i .. i + m of a block against the
+ * X_STREAM weight rows (or fewer, ns, at the end of a matrix) at w over
+ * [k0, k1): (X_ROWS x X_COLS) tiles, the activation tile outer, so each is
+ * read from L2 once per X_STREAM weight rows while those stay in L1. The
+ * first tile prefetches the rows X_STREAM further on (the others would
+ * only ask again for lines already on their way). parked: the block's
+ * park (NULL: k is not blocked). */
+INLINE void stream_rows(const int wtype, int64_t k, int64_t k0, int64_t k1,
                         int m, int ns, const char *x, size_t ldx,
                         const char *w, size_t ldw, float *out, size_t ldo,
-                        __m256 *pk)
+                        __m256 *parked)
 {
-    for (int i = 0; i < m; i += X_MR) {
-        int     mi = m - i < X_MR ? m - i : X_MR;
-        __m256 *pt = pk != NULL ? pk + i / X_MR * X_PARK_TILE : NULL;
+    for (int i = 0; i < m; i += X_ROWS) {
+        int     mi = m - i < X_ROWS ? m - i : X_ROWS;
+        __m256 *pt = parked != NULL
+                     ? parked + i / X_ROWS * X_TILE_PARK_SLOTS : NULL;
 
-        for (int j = 0; j < ns; j += X_NR) {
-            tile_any(T, k, k0, k1, mi, ns - j < X_NR ? ns - j : X_NR,
+        for (int j = 0; j < ns; j += X_COLS) {
+            tile_any(wtype, k, k0, k1, mi, ns - j < X_COLS ? ns - j : X_COLS,
                      x + (size_t) i * ldx, ldx, w + (size_t) j * ldw, ldw,
                      out + (size_t) i * ldo + j, ldo,
-                     pt != NULL ? pt + PARK(j, 0) : NULL,
-                     i == 0 ? w + (size_t) (j + X_S) * ldw : NULL);
+                     pt != NULL ? pt + PARK_SLOT(j, 0) : NULL,
+                     i == 0 ? w + (size_t) (j + X_STREAM) * ldw : NULL);
         }
     }
 }
 
-/* Repacked q types with more than one activation row: X_S weight rows at a
- * time against every row of a block of activations that fits in L2
+/* Repacked q types with more than one activation row: X_STREAM weight rows
+ * at a time against every row of a block of activations that fits in L2
  * (X_BLOCK). The weight rows come from memory once per block, front to
- * back, while the tiles prefetch the next X_S; rows longer than X_KB
- * elements go in blocks of k, every tile parking its accumulators between
- * them, so the rows and an activation tile stay in L1. Every output runs
- * the one tile body, so the bits are those of any shape. */
-INLINE void gemm_stream(const int T, int64_t k, int mr, int nr,
+ * back, while the tiles prefetch the next X_STREAM; rows longer than
+ * X_K_BLOCK elements go in blocks of k, every tile parking its
+ * accumulators between them, so the rows and an activation tile stay in
+ * L1. Every output runs the one tile body, so the bits are those of any
+ * shape. */
+INLINE void gemm_stream(const int wtype, int64_t k, int mr, int nr,
                         const char *x, size_t ldx, const char *w, size_t ldw,
                         float *out, size_t ldo)
 {
-    __m256  park[X_PARK_ROWS / X_MR * X_PARK_TILE];
-    __m256 *pk = k > X_KB ? park : NULL;
-    int     xb = (int) (X_BLOCK / ldx) / X_MR * X_MR;
+    __m256  park[X_PARK_ROWS / X_ROWS * X_TILE_PARK_SLOTS];
+    __m256 *parked = k > X_K_BLOCK ? park : NULL;
+    int     xb = (int) (X_BLOCK / ldx) / X_ROWS * X_ROWS;
 
-    xb = xb < X_MR ? X_MR : xb;
-    xb = pk != NULL && xb > X_PARK_ROWS ? X_PARK_ROWS : xb;
+    xb = xb < X_ROWS ? X_ROWS : xb;
+    xb = parked != NULL && xb > X_PARK_ROWS ? X_PARK_ROWS : xb;
     for (int i0 = 0; i0 < mr; i0 += xb) {
         int         m = mr - i0 < xb ? mr - i0 : xb;
         const char *xi = x + (size_t) i0 * ldx;
         float      *oi = out + (size_t) i0 * ldo;
 
-        for (int j = 0; j < nr; j += X_S) {
-            int ns = nr - j < X_S ? nr - j : X_S;
+        for (int j = 0; j < nr; j += X_STREAM) {
+            int ns = nr - j < X_STREAM ? nr - j : X_STREAM;
 
-            for (int64_t k0 = 0; k0 < k; k0 += X_KB) {
-                int64_t k1 = k - k0 <= X_KB ? k : k0 + X_KB;
+            for (int64_t k0 = 0; k0 < k; k0 += X_K_BLOCK) {
+                int64_t k1 = k - k0 <= X_K_BLOCK ? k : k0 + X_K_BLOCK;
 
-                stream_rows(T, k, k0, k1, m, ns, xi, ldx,
-                            w + (size_t) j * ldw, ldw, oi + j, ldo, pk);
+                stream_rows(wtype, k, k0, k1, m, ns, xi, ldx,
+                            w + (size_t) j * ldw, ldw, oi + j, ldo, parked);
             }
         }
     }
@@ -599,37 +613,37 @@ INLINE void gemm_stream(const int T, int64_t k, int mr, int nr,
 /* The gemm of one weight type: out (mr, nr) for any mr <= GEMM_MR_MAX and
  * nr. One activation row (decode) runs tiles over whole rows, front to
  * back. */
-INLINE void gemm_any(const int T, int64_t k, int mr, int nr, const char *x,
+INLINE void gemm_any(const int wtype, int64_t k, int mr, int nr, const char *x,
                      size_t ldx, const char *w, size_t ldw, float *out,
                      size_t ldo)
 {
     if (mr == 1) {
-        /* f types and stored q types: (1 x NR) tiles, NR rows' chains of
+        /* f types and stored q types: (1 x cols) tiles, cols rows' chains of
          * FMAs at once (one row at a time waited on the FMA latency: f16
          * decode of the 1B model ran 9-11 tokens/s, 11-13.5 now); repacked
          * rows one at a time (two at once slowed q8_0 decode by 20%). */
-        const int NR = T <= T_Q4 ? t_nr(T) : 1;
+        const int cols = wtype <= T_Q4 ? t_cols(wtype) : 1;
         int       j = 0;
 
-        for (; j + NR <= nr; j += NR) {
-            tile(T, 1, NR, k, 0, k, x, ldx, w + (size_t) j * ldw, ldw,
+        for (; j + cols <= nr; j += cols) {
+            tile(wtype, 1, cols, k, 0, k, x, ldx, w + (size_t) j * ldw, ldw,
                  out + j, ldo, NULL, NULL);
         }
         for (; j < nr; j++) {
-            tile(T, 1, 1, k, 0, k, x, ldx, w + (size_t) j * ldw, ldw,
+            tile(wtype, 1, 1, k, 0, k, x, ldx, w + (size_t) j * ldw, ldw,
                  out + j, ldo, NULL, NULL);
         }
-    } else if (T >= T_Q8X) {
-        gemm_stream(T, k, mr, nr, x, ldx, w, ldw, out, ldo);
+    } else if (wtype >= T_Q8X) {
+        gemm_stream(wtype, k, mr, nr, x, ldx, w, ldw, out, ldo);
     } else {
-        gemm_panels(T, k, mr, nr, x, ldx, w, ldw, out, ldo);
+        gemm_panels(wtype, k, mr, nr, x, ldx, w, ldw, out, ldo);
     }
 }
 
-#define GEMM_FN(name, T)                                                      \
+#define GEMM_FN(name, wtype)                                                  \
 static void name(int64_t k, int mr, int nr, const void *x, size_t ldx,       \
                  const void *w, size_t ldw, float *out, size_t ldo) {        \
-    gemm_any(T, k, mr, nr, x, ldx, w, ldw, out, ldo);                         \
+    gemm_any(wtype, k, mr, nr, x, ldx, w, ldw, out, ldo);                     \
 }
 
 GEMM_FN(gemm_f32, T_F32)
@@ -1048,13 +1062,13 @@ static void scale(float *y, float s, int64_t n) {
 const CpuVec cpu_vec_avx2 = {
     .name = "avx2",
     .mm = {
-        { DT_F32,  gemm_f32,  GEMM_MR_MAX, F_NR, NULL, NULL },
-        { DT_F32,  gemm_f16,  GEMM_MR_MAX, F_NR, NULL, NULL },
-        { DT_F32,  gemm_bf16, GEMM_MR_MAX, F_NR, NULL, NULL },
-        { DT_Q8_0, gemm_q8_0, GEMM_MR_MAX, Q_NR, xq_conv, xq_bytes },
-        { DT_Q8_0, gemm_q4_0, GEMM_MR_MAX, Q_NR, xq_conv, xq_bytes },
-        { DT_Q8_0, gemm_q8_0x, GEMM_MR_MAX, X_S, xg_conv, xg_bytes },
-        { DT_Q8_0, gemm_q4_0x, GEMM_MR_MAX, X_S, xg_conv, xg_bytes },
+        { DT_F32,  gemm_f32,  GEMM_MR_MAX, F_COLS, NULL, NULL },
+        { DT_F32,  gemm_f16,  GEMM_MR_MAX, F_COLS, NULL, NULL },
+        { DT_F32,  gemm_bf16, GEMM_MR_MAX, F_COLS, NULL, NULL },
+        { DT_Q8_0, gemm_q8_0, GEMM_MR_MAX, Q_COLS, xq_conv, xq_bytes },
+        { DT_Q8_0, gemm_q4_0, GEMM_MR_MAX, Q_COLS, xq_conv, xq_bytes },
+        { DT_Q8_0, gemm_q8_0x, GEMM_MR_MAX, X_STREAM, xg_conv, xg_bytes },
+        { DT_Q8_0, gemm_q4_0x, GEMM_MR_MAX, X_STREAM, xg_conv, xg_bytes },
     },
     .quantize_q8_0 = quantize_q8_0,
     .to_f16 = to_f16,

@@ -1,10 +1,12 @@
 /* avx512.c -- the CpuVec table for AVX-512 F/BW/VL/DQ/VNNI with FMA and F16C.
  *
  * Matmul is one register-tiled body, tile(), instantiated per weight type
- * and tile shape. An (MR x NR) tile keeps zmm accumulators per output (two
- * for f types, one for q types, see "the tile body") and walks k in steps;
- * per step it loads NR weight operands, then for each of the MR activation
- * rows loads that row's operand and updates NR accumulators. gemm_any()
+ * (wtype, a compile-time constant: T_F32 .. T_Q4X) and tile shape. A tile
+ * is rows activation rows against cols weight rows, the (rows x cols)
+ * block of outputs; it keeps zmm accumulators per output (two for f types,
+ * one for q types, see "the tile body") and walks k in steps; per step it
+ * loads cols weight operands, then for each of its rows loads that
+ * activation row's operand and updates cols accumulators. gemm_any()
  * runs tiles over panels of weight rows and blocks of k for the caches,
  * and decode (one activation row) row after row; repacked q weights with
  * more rows stream instead (gemm_stream). Only the step differs between
@@ -149,25 +151,25 @@ INLINE __m512 block_scales(uint16_t d0, uint16_t d1) {
 
 /* Step s of a weight row; rem != 0 marks the last, partial step of rem
  * elements (f types) or one block (q types). */
-INLINE WOp load_w(const int T, const char *w, int64_t s, int rem) {
+INLINE WOp load_w(const int wtype, const char *w, int64_t s, int rem) {
     WOp o;
 
-    if (T == T_F32) {
+    if (wtype == T_F32) {
         const float *p = (const float *) w + s * 16;
 
         o.f = rem ? _mm512_maskz_loadu_ps(tail16(rem), p) : _mm512_loadu_ps(p);
-    } else if (T == T_F16 || T == T_BF16) {
+    } else if (wtype == T_F16 || wtype == T_BF16) {
         const uint16_t *p = (const uint16_t *) w + s * 16;
         __m256i h = rem ? _mm256_maskz_loadu_epi16(tail16(rem), p)
                         : _mm256_loadu_si256((const __m256i *) p);
 
-        if (T == T_F16) {
+        if (wtype == T_F16) {
             o.f = _mm512_cvtph_ps(h);
         } else {
             o.f = _mm512_castsi512_ps(
                 _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
         }
-    } else if (T == T_Q8) {
+    } else if (wtype == T_Q8) {
         const BlockQ8_0 *b = (const BlockQ8_0 *) w + s * 2;
         __m256i lo = _mm256_loadu_si256((const __m256i *) b[0].qs);
         __m512i q = rem ? _mm512_zextsi256_si512(lo)
@@ -194,10 +196,10 @@ INLINE WOp load_w(const int T, const char *w, int64_t s, int rem) {
     return o;
 }
 
-INLINE XOp load_x(const int T, const char *x, int64_t s, int rem) {
+INLINE XOp load_x(const int wtype, const char *x, int64_t s, int rem) {
     XOp o;
 
-    if (T <= T_BF16) {
+    if (wtype <= T_BF16) {
         const float *p = (const float *) x + s * 16;
 
         o.f = rem ? _mm512_maskz_loadu_ps(tail16(rem), p) : _mm512_loadu_ps(p);
@@ -215,10 +217,10 @@ INLINE XOp load_x(const int T, const char *x, int64_t s, int rem) {
     return o;
 }
 
-INLINE __m512 madd(const int T, XOp x, WOp w, __m512 acc) {
+INLINE __m512 madd(const int wtype, XOp x, WOp w, __m512 acc) {
     __m512i p;
 
-    if (T <= T_BF16) return _mm512_fmadd_ps(x.f, w.f, acc);
+    if (wtype <= T_BF16) return _mm512_fmadd_ps(x.f, w.f, acc);
     p = _mm512_dpbusd_epi32(x.c, w.q, x.q);
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(x.d, w.d),
                            acc);
@@ -246,59 +248,60 @@ INLINE __m512 madd(const int T, XOp x, WOp w, __m512 acc) {
  *
  * A call covers up to mr activation rows against any number of weight
  * rows. Batches walk them in panels of PANEL rows; within a panel k is cut
- * into blocks of KC elements, so one block of the activation tile stays in
- * L1 while every weight tile of the panel streams past it. Between blocks
+ * into blocks of K_BLOCK elements, so one block of the activation tile stays
+ * in L1 while every weight tile of the panel streams past it. Between blocks
  * the accumulators themselves (not sums) are parked in a stack scratch,
  * so a blocked output sees exactly the operations of an unblocked one:
  * decode runs rows whole and still gets the same bits. Without blocks the
  * 4x3 f16 tile fell from 365 to 251 GFLOP/s at k = 5632 (activations from
  * L2); with them 275-280. Summing per block instead would have tied decode
  * to the blocks too, and one call per row and block cost it 15%. */
-#define F_MR    4
-#define F_NR    3
-#define F_ACC   2
-#define Q_MR    4
-#define Q_NR    4
+#define F_ROWS  4               /* tile shapes, see the top of the file */
+#define F_COLS  3
+#define F_ACC   2               /* accumulators per output */
+#define Q_ROWS  4
+#define Q_COLS  4
 #define Q_ACC   1
-#define X_MR    4
-#define X_NR    4
-#define KC      1024            /* elements per K block (multiple of 512) */
+#define X_ROWS  4
+#define X_COLS  4
+#define K_BLOCK 1024            /* elements per K block (multiple of 512) */
 #define PANEL   48              /* weight rows per panel (multiple of 12) */
 #define ACC_MAX 2
-#define X_ROWS  GEMM_MR_MAX     /* activation rows per call, repacked q */
+#define X_CALL_ROWS GEMM_MR_MAX /* activation rows per call, repacked q */
 #define X_BLOCK (384 << 10)     /* bytes of activations kept in L2 */
-#define X_KB    2048            /* elements per k block (multiple of 512) */
+#define X_K_BLOCK 2048          /* elements per k block (multiple of 512) */
 #define X_PARK_ROWS 64          /* most activation rows per block of k */
-#define PARK_TILE (NR_MAX * MR_MAX * ACC_MAX)
+#define TILE_PARK_SLOTS (COLS_MAX * ROWS_MAX * ACC_MAX)
 
-INLINE int t_mr(const int T) {
-    return T <= T_BF16 ? F_MR : T <= T_Q4 ? Q_MR : X_MR;
+INLINE int t_rows(const int wtype) {
+    return wtype <= T_BF16 ? F_ROWS : wtype <= T_Q4 ? Q_ROWS : X_ROWS;
 }
-INLINE int t_nr(const int T) {
-    return T <= T_BF16 ? F_NR : T <= T_Q4 ? Q_NR : X_NR;
+INLINE int t_cols(const int wtype) {
+    return wtype <= T_BF16 ? F_COLS : wtype <= T_Q4 ? Q_COLS : X_COLS;
 }
-INLINE int t_acc(const int T)  { return T <= T_BF16 ? F_ACC : Q_ACC; }
-INLINE int t_step(const int T) {
-    return T <= T_BF16 ? 16 : T <= T_Q4 ? 64 : 512;
+INLINE int t_acc(const int wtype)  { return wtype <= T_BF16 ? F_ACC : Q_ACC; }
+INLINE int t_step(const int wtype) {
+    return wtype <= T_BF16 ? 16 : wtype <= T_Q4 ? 64 : 512;
 }
 /* The type whose steps run the tail of a WL_X16 row (its blocks past the
  * last group are stored as usual). */
-INLINE int t_base(const int T) {
-    return T == T_Q8X ? T_Q8 : T == T_Q4X ? T_Q4 : T;
+INLINE int t_base(const int wtype) {
+    return wtype == T_Q8X ? T_Q8 : wtype == T_Q4X ? T_Q4 : wtype;
 }
 
-#define MR_MAX  4               /* of F_MR, Q_MR and X_MR */
-#define NR_MAX  4               /* of F_NR, Q_NR and X_NR */
+#define ROWS_MAX 4              /* of F_ROWS, Q_ROWS and X_ROWS */
+#define COLS_MAX 4              /* of F_COLS, Q_COLS and X_COLS */
 
-/* Parked accumulators of a panel: (PANEL, MR_MAX, ACC_MAX) vectors, slot
+/* Parked accumulators of a panel: (PANEL, ROWS_MAX, ACC_MAX) vectors, slot
  * (weight row, activation row, accumulator). */
-#define PARK(j, i, a) (((j) * MR_MAX + (i)) * ACC_MAX + (a))
+#define PARK_SLOT(j, i, a) (((j) * ROWS_MAX + (i)) * ACC_MAX + (a))
 
-_Static_assert(F_MR <= MR_MAX && Q_MR <= MR_MAX && X_MR <= MR_MAX
+_Static_assert(F_ROWS <= ROWS_MAX && Q_ROWS <= ROWS_MAX && X_ROWS <= ROWS_MAX
                && F_ACC <= ACC_MAX && Q_ACC <= ACC_MAX, "park too small");
-_Static_assert(PANEL % F_NR == 0 && PANEL % Q_NR == 0 && PANEL % X_NR == 0,
+_Static_assert(PANEL % F_COLS == 0 && PANEL % Q_COLS == 0
+               && PANEL % X_COLS == 0,
                "panels must hold whole tiles");
-_Static_assert(KC % (16 * 2 * ACC_MAX) == 0 && KC % 512 == 0,
+_Static_assert(K_BLOCK % (16 * 2 * ACC_MAX) == 0 && K_BLOCK % 512 == 0,
                "K blocks must start a round of accumulators and a group");
 
 /* Chunk c (0..7) of a WL_X16 weight group: 64 unsigned bytes whose lane
@@ -306,10 +309,10 @@ _Static_assert(KC % (16 * 2 * ACC_MAX) == 0 && KC % 512 == 0,
  * q4_0 keeps two chunks in 64 bytes, low nibbles (elements 4c'..4c'+3 of
  * each block) and high ones (16+4c'..), taken one after the other: the
  * sums are exact integers, so their order changes no bit. */
-INLINE __m512i load_wchunk(const int T, const char *w, int c, int *xc) {
+INLINE __m512i load_wchunk(const int wtype, const char *w, int c, int *xc) {
     __m512i v;
 
-    if (T == T_Q8X) {
+    if (wtype == T_Q8X) {
         *xc = c;
         return _mm512_loadu_si512(w + 32 + 64 * c);
     }
@@ -319,79 +322,85 @@ INLINE __m512i load_wchunk(const int T, const char *w, int c, int *xc) {
     return _mm512_and_si512(v, _mm512_set1_epi8(0x0f));
 }
 
-/* Group g of an (MR x NR) tile of WL_X16 rows: per output, 8 vpdpbusd
+/* Group g of an (rows x cols) tile of WL_X16 rows: per output, 8 vpdpbusd
  * into one int32 vector that starts from the activation's correction and
  * ends with the exact dot of block i in lane i; then one convert, one
  * multiply of the 16 scale pairs, one FMA, in this order for every tile
  * shape. The stored correction is -128 * sum(x) per block, which cancels
  * the +128 of q8_0 weights; q4_0 nibbles are q + 8, so it is shifted
  * right by 4 to -8 * sum(x), exactly. */
-INLINE void group_step(const int T, const int MR, const int NR,
+INLINE void group_step(const int wtype, const int rows, const int cols,
                        const char *x, size_t ldx, const char *w, size_t ldw,
-                       int64_t g, __m512 acc[MR_MAX][NR_MAX], const char *pf)
+                       int64_t g, __m512 acc[ROWS_MAX][COLS_MAX],
+                       const char *prefetch)
 {
     /* vpdpbusd's latency would serialize a small tile's 8 steps per
-       output: split them over PC chains, added at the end (exact in int32,
-       so no bit changes) */
-    const int    PC = MR * NR <= 2 ? 4 : MR * NR <= 8 ? 2 : 1;
-    const size_t gb = X16 * (T == T_Q8X ? sizeof(BlockQ8_0)
+       output: split them over n_chains chains, added at the end (exact in
+       int32, so no bit changes) */
+    const int    n_chains = rows * cols <= 2 ? 4 : rows * cols <= 8 ? 2 : 1;
+    const size_t group_bytes = X16 * (wtype == T_Q8X ? sizeof(BlockQ8_0)
                                         : sizeof(BlockQ4_0));
-    __m512i      p[4][MR_MAX][NR_MAX];
-    __m512       wd[NR_MAX];
+    __m512i      p[4][ROWS_MAX][COLS_MAX];
+    __m512       wd[COLS_MAX];
 
     x += g * XG_STEP;
-    w += g * gb;
-    if (pf != NULL) {
+    w += g * group_bytes;
+    if (prefetch != NULL) {
 #pragma GCC unroll 8
-        for (int j = 0; j < NR; j++) {
-            for (size_t o = 0; o < gb + 63; o += 64) {
-                _mm_prefetch(pf + g * gb + j * ldw + o, _MM_HINT_T0);
+        for (int j = 0; j < cols; j++) {
+            for (size_t o = 0; o < group_bytes + 63; o += 64) {
+                _mm_prefetch(prefetch + g * group_bytes + j * ldw + o,
+                             _MM_HINT_T0);
             }
         }
     }
 #pragma GCC unroll 8
-    for (int i = 0; i < MR; i++) {
+    for (int i = 0; i < rows; i++) {
         __m512i c = _mm512_loadu_si512(x + i * ldx + 512);
 
-        if (T == T_Q4X) c = _mm512_srai_epi32(c, 4);
+        if (wtype == T_Q4X) c = _mm512_srai_epi32(c, 4);
 #pragma GCC unroll 8
-        for (int j = 0; j < NR; j++) {
+        for (int j = 0; j < cols; j++) {
             p[0][i][j] = c;
 #pragma GCC unroll 4
-            for (int q = 1; q < PC; q++) p[q][i][j] = _mm512_setzero_si512();
+            for (int q = 1; q < n_chains; q++) {
+                p[q][i][j] = _mm512_setzero_si512();
+            }
         }
     }
 #pragma GCC unroll 8
     for (int c = 0; c < 8; c++) {
-        __m512i wq[NR_MAX];
+        __m512i wq[COLS_MAX];
         int     xc = 0;
 
 #pragma GCC unroll 8
-        for (int j = 0; j < NR; j++) wq[j] = load_wchunk(T, w + j * ldw, c, &xc);
+        for (int j = 0; j < cols; j++) {
+            wq[j] = load_wchunk(wtype, w + j * ldw, c, &xc);
+        }
 #pragma GCC unroll 8
-        for (int i = 0; i < MR; i++) {
+        for (int i = 0; i < rows; i++) {
             __m512i xq = _mm512_loadu_si512(x + i * ldx + 64 * xc);
 
 #pragma GCC unroll 8
-            for (int j = 0; j < NR; j++) {
-                p[c % PC][i][j] = _mm512_dpbusd_epi32(p[c % PC][i][j], wq[j],
-                                                      xq);
+            for (int j = 0; j < cols; j++) {
+                p[c % n_chains][i][j] =
+                    _mm512_dpbusd_epi32(p[c % n_chains][i][j], wq[j], xq);
             }
         }
     }
 #pragma GCC unroll 8
-    for (int j = 0; j < NR; j++) {
+    for (int j = 0; j < cols; j++) {
         wd[j] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)
                                                    (w + j * ldw)));
     }
 #pragma GCC unroll 8
-    for (int i = 0; i < MR; i++) {
+    for (int i = 0; i < rows; i++) {
         __m512 xd = _mm512_loadu_ps((const float *) (x + i * ldx + 576));
 
 #pragma GCC unroll 8
-        for (int j = 0; j < NR; j++) {
+        for (int j = 0; j < cols; j++) {
 #pragma GCC unroll 4
-            for (int q = 1; q < PC; q++) {
+            for (int q = 1; q < n_chains; q++) {
                 p[0][i][j] = _mm512_add_epi32(p[0][i][j], p[q][i][j]);
             }
             acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p[0][i][j]),
@@ -400,116 +409,123 @@ INLINE void group_step(const int T, const int MR, const int NR,
     }
 }
 
-INLINE void tile_step(const int T, const int MR, const int NR,
+INLINE void tile_step(const int wtype, const int rows, const int cols,
                       const char *x, size_t ldx, const char *w, size_t ldw,
-                      int64_t s, int rem, __m512 acc[MR_MAX][NR_MAX],
-                      const char *pf)
+                      int64_t s, int rem, __m512 acc[ROWS_MAX][COLS_MAX],
+                      const char *prefetch)
 {
-    WOp wv[NR_MAX];
+    WOp wv[COLS_MAX];
 
-    if (T >= T_Q8X) {
-        group_step(T, MR, NR, x, ldx, w, ldw, s, acc, pf);
+    if (wtype >= T_Q8X) {
+        group_step(wtype, rows, cols, x, ldx, w, ldw, s, acc, prefetch);
         return;
     }
 #pragma GCC unroll 8
-    for (int j = 0; j < NR; j++) wv[j] = load_w(T, w + j * ldw, s, rem);
+    for (int j = 0; j < cols; j++) wv[j] = load_w(wtype, w + j * ldw, s, rem);
 #pragma GCC unroll 8
-    for (int i = 0; i < MR; i++) {
-        XOp xv = load_x(T, x + i * ldx, s, rem);
+    for (int i = 0; i < rows; i++) {
+        XOp xv = load_x(wtype, x + i * ldx, s, rem);
 
 #pragma GCC unroll 8
-        for (int j = 0; j < NR; j++) acc[i][j] = madd(T, xv, wv[j], acc[i][j]);
+        for (int j = 0; j < cols; j++) {
+            acc[i][j] = madd(wtype, xv, wv[j], acc[i][j]);
+        }
     }
 }
 
-/* out (MR, NR) of x (MR, k) . w (NR, k)^T over the elements [k0, k1).
- * Every output has A accumulators; step s goes into accumulator s % A, the
- * tail step (k % step elements) into the next one after the last full
- * step (WL_X16 rows: the steps of the stored blocks after the last group,
- * all into the one accumulator); at k1 == k they are added pairwise and
- * summed by the fixed tree.
- * k0 > 0 resumes from pk, k1 < k parks there (pk: this tile's slot
- * PARK(0, 0, 0)). A repacked tile given pf prefetches NR rows of ldw
- * bytes there, the part each group step reads of its own rows. */
-INLINE void tile(const int T, const int MR, const int NR, int64_t k,
+/* out (rows, cols) of x (rows, k) . w (cols, k)^T over the elements [k0, k1).
+ * Every output has n_acc accumulators; step s goes into accumulator
+ * s % n_acc, the tail step (k % step elements) into the next one after the
+ * last full step (WL_X16 rows: the steps of the stored blocks after the
+ * last group, all into the one accumulator); at k1 == k they are added
+ * pairwise and summed by the fixed tree.
+ * k0 > 0 resumes from parked, k1 < k parks there (parked: this tile's slot
+ * PARK_SLOT(0, 0, 0)). A repacked tile given prefetch (the next weight
+ * rows) prefetches cols rows of ldw bytes there, the part each group step
+ * reads of its own rows. */
+INLINE void tile(const int wtype, const int rows, const int cols, int64_t k,
                  int64_t k0, int64_t k1, const char *x, size_t ldx,
                  const char *w, size_t ldw, float *out, size_t ldo,
-                 __m512 *pk, const char *pf)
+                 __m512 *parked, const char *prefetch)
 {
-    const int step = t_step(T), A = t_acc(T);
+    const int step = t_step(wtype), n_acc = t_acc(wtype);
     int64_t   s = k0 / step, s1 = k1 / step, ns = k / step;
     int       rem = (int) (k % step);
-    __m512    acc[ACC_MAX][MR_MAX][NR_MAX];
+    __m512    acc[ACC_MAX][ROWS_MAX][COLS_MAX];
 
 #pragma GCC unroll 8
-    for (int i = 0; i < MR; i++) {
+    for (int i = 0; i < rows; i++) {
 #pragma GCC unroll 8
-        for (int j = 0; j < NR; j++) {
+        for (int j = 0; j < cols; j++) {
 #pragma GCC unroll 2
-            for (int a = 0; a < A; a++) {
+            for (int a = 0; a < n_acc; a++) {
                 acc[a][i][j] = k0 == 0 ? _mm512_setzero_ps()
-                                       : pk[PARK(j, i, a)];
+                                       : parked[PARK_SLOT(j, i, a)];
             }
         }
     }
     /* blocks start at multiples of A steps, so s % A == a below */
-    for (; s + A <= s1; s += A) {
+    for (; s + n_acc <= s1; s += n_acc) {
 #pragma GCC unroll 2
-        for (int a = 0; a < A; a++) {
-            tile_step(T, MR, NR, x, ldx, w, ldw, s + a, 0, acc[a], pf);
+        for (int a = 0; a < n_acc; a++) {
+            tile_step(wtype, rows, cols, x, ldx, w, ldw, s + a, 0, acc[a],
+                      prefetch);
         }
     }
-    if (A == 2 && s < s1) {
-        tile_step(T, MR, NR, x, ldx, w, ldw, s, 0, acc[0], NULL);
+    if (n_acc == 2 && s < s1) {
+        tile_step(wtype, rows, cols, x, ldx, w, ldw, s, 0, acc[0], NULL);
     }
     if (k1 < k) {
 #pragma GCC unroll 8
-        for (int i = 0; i < MR; i++) {
+        for (int i = 0; i < rows; i++) {
 #pragma GCC unroll 8
-            for (int j = 0; j < NR; j++) {
+            for (int j = 0; j < cols; j++) {
 #pragma GCC unroll 2
-                for (int a = 0; a < A; a++) pk[PARK(j, i, a)] = acc[a][i][j];
+                for (int a = 0; a < n_acc; a++) {
+                    parked[PARK_SLOT(j, i, a)] = acc[a][i][j];
+                }
             }
         }
         return;
     }
-    if (rem != 0 && T >= T_Q8X) {
+    if (rem != 0 && wtype >= T_Q8X) {
         const char *xt = x + ns * XG_STEP;
-        const char *wt = w + ns * X16 * (T == T_Q8X ? sizeof(BlockQ8_0)
+        const char *wt = w + ns * X16 * (wtype == T_Q8X ? sizeof(BlockQ8_0)
                                                     : sizeof(BlockQ4_0));
 
         for (int e = 0; e < rem; e += 64) {
-            tile_step(t_base(T), MR, NR, xt, ldx, wt, ldw, e / 64,
+            tile_step(t_base(wtype), rows, cols, xt, ldx, wt, ldw, e / 64,
                       rem - e < 64 ? 32 : 0, acc[0], NULL);
         }
     } else if (rem != 0) {
-        if (A == 1 || ns % 2 == 0) {
-            tile_step(T, MR, NR, x, ldx, w, ldw, ns, rem, acc[0], NULL);
-        } else {
-            tile_step(T, MR, NR, x, ldx, w, ldw, ns, rem, acc[A - 1],
+        if (n_acc == 1 || ns % 2 == 0) {
+            tile_step(wtype, rows, cols, x, ldx, w, ldw, ns, rem, acc[0],
                       NULL);
+        } else {
+            tile_step(wtype, rows, cols, x, ldx, w, ldw, ns, rem,
+                      acc[n_acc - 1], NULL);
         }
     }
 
 #pragma GCC unroll 8
-    for (int i = 0; i < MR; i++) {
+    for (int i = 0; i < rows; i++) {
 #pragma GCC unroll 8
-        for (int j = 0; j < NR; j++) {
-            if (A == 2) acc[0][i][j] = _mm512_add_ps(acc[0][i][j],
+        for (int j = 0; j < cols; j++) {
+            if (n_acc == 2) acc[0][i][j] = _mm512_add_ps(acc[0][i][j],
                                                      acc[1][i][j]);
         }
 #pragma GCC unroll 8
-        for (int j = 0; j < NR; j += 4) {
+        for (int j = 0; j < cols; j += 4) {
             __m512 z = _mm512_setzero_ps();
-            __m128 r = hsum4(acc[0][i][j], j + 1 < NR ? acc[0][i][j + 1] : z,
-                             j + 2 < NR ? acc[0][i][j + 2] : z,
-                             j + 3 < NR ? acc[0][i][j + 3] : z);
+            __m128 r = hsum4(acc[0][i][j], j + 1 < cols ? acc[0][i][j + 1] : z,
+                             j + 2 < cols ? acc[0][i][j + 2] : z,
+                             j + 3 < cols ? acc[0][i][j + 3] : z);
 
-            if (NR == 1) {
+            if (cols == 1) {
                 out[i * ldo] = hsum(acc[0][i][0]);
             } else {
                 _mm_mask_storeu_ps(out + i * ldo + j,
-                                   (__mmask8) ((1u << (NR - j < 4 ? NR - j
+                                   (__mmask8) ((1u << (cols - j < 4 ? cols - j
                                                                   : 4)) - 1),
                                    r);
             }
@@ -517,114 +533,121 @@ INLINE void tile(const int T, const int MR, const int NR, int64_t k,
     }
 }
 
-/* One (mr x NR) tile, or its 1x1 pieces at a weight-row edge (nr < NR,
+/* One (mr x cols) tile, or its 1x1 pieces at a weight-row edge (nr < cols,
  * only at the end of a matrix): a 1x1 tile computes each output exactly as
  * the big one does. */
-INLINE void tile_any(const int T, int64_t k, int64_t k0, int64_t k1, int mr,
-                     int nr, const char *x, size_t ldx, const char *w,
-                     size_t ldw, float *out, size_t ldo, __m512 *pk)
+INLINE void tile_any(const int wtype, int64_t k, int64_t k0, int64_t k1,
+                     int mr, int nr, const char *x, size_t ldx, const char *w,
+                     size_t ldw, float *out, size_t ldo, __m512 *parked)
 {
-    const int NR = t_nr(T);
+    const int cols = t_cols(wtype);
 
-    if (nr == NR) {
-        switch (mr) {                   /* MR_MAX cases */
-        case 4: tile(T, 4, NR, k, k0, k1, x, ldx, w, ldw, out, ldo, pk, NULL);
+    if (nr == cols) {
+        switch (mr) {                   /* ROWS_MAX cases */
+        case 4: tile(wtype, 4, cols, k, k0, k1, x, ldx, w, ldw, out, ldo,
+                     parked, NULL);
                 return;
-        case 3: tile(T, 3, NR, k, k0, k1, x, ldx, w, ldw, out, ldo, pk, NULL);
+        case 3: tile(wtype, 3, cols, k, k0, k1, x, ldx, w, ldw, out, ldo,
+                     parked, NULL);
                 return;
-        case 2: tile(T, 2, NR, k, k0, k1, x, ldx, w, ldw, out, ldo, pk, NULL);
+        case 2: tile(wtype, 2, cols, k, k0, k1, x, ldx, w, ldw, out, ldo,
+                     parked, NULL);
                 return;
-        case 1: tile(T, 1, NR, k, k0, k1, x, ldx, w, ldw, out, ldo, pk, NULL);
+        case 1: tile(wtype, 1, cols, k, k0, k1, x, ldx, w, ldw, out, ldo,
+                     parked, NULL);
                 return;
         }
     }
     for (int i = 0; i < mr; i++) {
         for (int j = 0; j < nr; j++) {
-            tile(T, 1, 1, k, k0, k1, x + i * ldx, ldx, w + j * ldw, ldw,
-                 out + i * ldo + j, ldo, pk + PARK(j, i, 0), NULL);
+            tile(wtype, 1, 1, k, k0, k1, x + i * ldx, ldx, w + j * ldw, ldw,
+                 out + i * ldo + j, ldo, parked + PARK_SLOT(j, i, 0), NULL);
         }
     }
 }
 
-/* A tile's park slots when there are blocks of k (pk not NULL). */
-#define PARK_AT(pk, i)  ((pk) != NULL ? (pk) + (i) / X_MR * PARK_TILE : NULL)
+/* A tile's park slots when there are blocks of k (parked not NULL). */
+#define TILE_PARK(parked, i)  ((parked) != NULL                            \
+                               ? (parked) + (i) / X_ROWS * TILE_PARK_SLOTS   \
+                               : NULL)
 
-/* Repacked q types with more than one activation row: X_NR weight rows at
+/* Repacked q types with more than one activation row: X_COLS weight rows at
  * a time, whole k, against every row of a block of activations that fits
- * in L2 (X_BLOCK), in (X_MR x X_NR) tiles. The weight rows come from memory
- * once per block, front to back, and serve the block's other tiles from
- * L1, while the tiles prefetch the next X_NR rows. Measured on the 1B
+ * in L2 (X_BLOCK), in (X_ROWS x X_COLS) tiles. The weight rows come from
+ * memory once per block, front to back, and serve the block's other tiles from
+ * L1, while the tiles prefetch the next X_COLS rows. Measured on the 1B
  * shapes, 2 threads, weights from DRAM, against the panels above (each
  * 4-row tile of activations re-reading the panel): 4 rows 118-131 ->
  * 155-221 GMAC/s (the read bandwidth, as for one row), 16 rows 204-268 ->
  * 329-459, 512 rows 322-411 -> 456-553. Every output runs the one tile
  * body, so the bits are those of any shape. */
-INLINE void stream_rows(const int T, const int NR, int64_t k, int64_t k0,
+INLINE void stream_rows(const int wtype, const int cols, int64_t k, int64_t k0,
                         int64_t k1, int mr, const char *x, size_t ldx,
                         const char *w, size_t ldw, float *out, size_t ldo,
-                        __m512 *pk)
+                        __m512 *parked)
 {
     /* the next rows, fetched while these compute: the hardware prefetcher
-       alone held NR rows side by side to ~20 GB/s. Every tile asks, not
+       alone held cols rows side by side to ~20 GB/s. Every tile asks, not
        only the first: requests the first could not keep in flight are
        asked again (16 rows: 336-365 -> 404-459 GMAC/s; fetching two row
        sets ahead was slower) */
-    const char *pf = w + NR * ldw;
+    const char *prefetch = w + cols * ldw;
     int         i = 0;
 
-    for (; i + X_MR <= mr; i += X_MR) {
-        tile(T, X_MR, NR, k, k0, k1, x + i * ldx, ldx, w, ldw, out + i * ldo,
-             ldo, PARK_AT(pk, i), pf);
+    for (; i + X_ROWS <= mr; i += X_ROWS) {
+        tile(wtype, X_ROWS, cols, k, k0, k1, x + i * ldx, ldx, w, ldw,
+             out + i * ldo, ldo, TILE_PARK(parked, i), prefetch);
     }
-    switch (mr - i) {                   /* X_MR - 1 cases */
-    case 3: tile(T, 3, NR, k, k0, k1, x + i * ldx, ldx, w, ldw,
-                 out + i * ldo, ldo, PARK_AT(pk, i), pf);
+    switch (mr - i) {                   /* X_ROWS - 1 cases */
+    case 3: tile(wtype, 3, cols, k, k0, k1, x + i * ldx, ldx, w, ldw,
+                 out + i * ldo, ldo, TILE_PARK(parked, i), prefetch);
             break;
-    case 2: tile(T, 2, NR, k, k0, k1, x + i * ldx, ldx, w, ldw,
-                 out + i * ldo, ldo, PARK_AT(pk, i), pf);
+    case 2: tile(wtype, 2, cols, k, k0, k1, x + i * ldx, ldx, w, ldw,
+                 out + i * ldo, ldo, TILE_PARK(parked, i), prefetch);
             break;
-    case 1: tile(T, 1, NR, k, k0, k1, x + i * ldx, ldx, w, ldw,
-                 out + i * ldo, ldo, PARK_AT(pk, i), pf);
+    case 1: tile(wtype, 1, cols, k, k0, k1, x + i * ldx, ldx, w, ldw,
+                 out + i * ldo, ldo, TILE_PARK(parked, i), prefetch);
             break;
     }
 }
 
-/* Rows longer than X_KB elements go in blocks of k, every tile parking its
- * accumulators between them, so that NR rows and a tile of activations
+/* Rows longer than X_K_BLOCK elements go in blocks of k, every tile parking
+ * its accumulators between them, so that cols rows and a tile of activations
  * stay in L1 (whole 5632-element rows did not: 292 GMAC/s at 16 rows where
  * 2048-element ones reached 351-371). */
-INLINE void gemm_stream(const int T, int64_t k, int mr, int nr,
+INLINE void gemm_stream(const int wtype, int64_t k, int mr, int nr,
                         const char *x, size_t ldx, const char *w, size_t ldw,
                         float *out, size_t ldo)
 {
-    __m512  park[X_PARK_ROWS / X_MR * PARK_TILE];
-    __m512 *pk = k > X_KB ? park : NULL;
-    int     xb = (int) (X_BLOCK / ldx) / X_MR * X_MR;
+    __m512  park[X_PARK_ROWS / X_ROWS * TILE_PARK_SLOTS];
+    __m512 *parked = k > X_K_BLOCK ? park : NULL;
+    int     xb = (int) (X_BLOCK / ldx) / X_ROWS * X_ROWS;
 
-    xb = xb < X_MR ? X_MR : xb;
-    xb = pk != NULL && xb > X_PARK_ROWS ? X_PARK_ROWS : xb;
+    xb = xb < X_ROWS ? X_ROWS : xb;
+    xb = parked != NULL && xb > X_PARK_ROWS ? X_PARK_ROWS : xb;
     for (int i0 = 0; i0 < mr; i0 += xb) {
         int         m = mr - i0 < xb ? mr - i0 : xb;
         const char *xi = x + (size_t) i0 * ldx;
         float      *oi = out + (size_t) i0 * ldo;
 
-        for (int j = 0; j < nr; j += X_NR) {
+        for (int j = 0; j < nr; j += X_COLS) {
             const char *wj = w + (size_t) j * ldw;
 
-            for (int64_t k0 = 0; k0 < k; k0 += X_KB) {
-                int64_t k1 = k - k0 <= X_KB ? k : k0 + X_KB;
+            for (int64_t k0 = 0; k0 < k; k0 += X_K_BLOCK) {
+                int64_t k1 = k - k0 <= X_K_BLOCK ? k : k0 + X_K_BLOCK;
 
-                if (nr - j >= X_NR) {
-                    stream_rows(T, X_NR, k, k0, k1, m, xi, ldx, wj, ldw,
-                                oi + j, ldo, pk);
+                if (nr - j >= X_COLS) {
+                    stream_rows(wtype, X_COLS, k, k0, k1, m, xi, ldx, wj, ldw,
+                                oi + j, ldo, parked);
                     continue;
                 }
                 /* the last rows one at a time, each in its own park
                    slots, as tile_any's 1x1 pieces */
                 for (int r = 0; r < nr - j; r++) {
-                    stream_rows(T, 1, k, k0, k1, m, xi, ldx,
+                    stream_rows(wtype, 1, k, k0, k1, m, xi, ldx,
                                 wj + (size_t) r * ldw, ldw, oi + j + r, ldo,
-                                pk != NULL ? pk + PARK(r, 0, 0) : NULL);
+                                parked != NULL ? parked + PARK_SLOT(r, 0, 0)
+                                               : NULL);
                 }
             }
         }
@@ -632,26 +655,27 @@ INLINE void gemm_stream(const int T, int64_t k, int mr, int nr,
 }
 
 /* The gemm of one weight type: out (mr, nr) for mr <= the table's mr (the
- * type's MR; X_ROWS for repacked q types, which stream) and any nr. One
- * activation row (decode) runs 1x1 tiles over whole rows, one weight row
- * after the other, so each thread reads a single sequential stream:
+ * type's rows; X_CALL_ROWS for repacked q types, which stream) and any
+ * nr. One activation row (decode) runs 1x1 tiles over whole rows, one
+ * weight row after the other, so each thread reads a single sequential
+ * stream:
  * measured, streaming 4 rows side by side reached 37 GB/s (f16) and 25
  * GB/s (q8_0), one at a time 44 and 40; software prefetch on top changed
  * nothing measurable for one row (it does for four, see gemm_stream). */
-INLINE void gemm_any(const int T, int64_t k, int mr, int nr, const char *x,
+INLINE void gemm_any(const int wtype, int64_t k, int mr, int nr, const char *x,
                      size_t ldx, const char *w, size_t ldw, float *out,
                      size_t ldo)
 {
-    const int NR = t_nr(T);
-    __m512    park[PANEL * MR_MAX * ACC_MAX];
+    const int cols = t_cols(wtype);
+    __m512    park[PANEL * ROWS_MAX * ACC_MAX];
 
-    if (T >= T_Q8X && mr > 1) {
-        gemm_stream(T, k, mr, nr, x, ldx, w, ldw, out, ldo);
+    if (wtype >= T_Q8X && mr > 1) {
+        gemm_stream(wtype, k, mr, nr, x, ldx, w, ldw, out, ldo);
         return;
     }
     if (mr == 1) {
         for (int j = 0; j < nr; j++) {
-            tile(T, 1, 1, k, 0, k, x, ldx, w + j * ldw, ldw, out + j, ldo,
+            tile(wtype, 1, 1, k, 0, k, x, ldx, w + j * ldw, ldw, out + j, ldo,
                  NULL, NULL);
         }
         return;
@@ -659,22 +683,23 @@ INLINE void gemm_any(const int T, int64_t k, int mr, int nr, const char *x,
     for (int p0 = 0; p0 < nr; p0 += PANEL) {
         int pn = nr - p0 < PANEL ? nr - p0 : PANEL;
 
-        for (int64_t k0 = 0; k0 < k; k0 += KC) {
-            int64_t k1 = k - k0 <= KC ? k : k0 + KC;
+        for (int64_t k0 = 0; k0 < k; k0 += K_BLOCK) {
+            int64_t k1 = k - k0 <= K_BLOCK ? k : k0 + K_BLOCK;
 
-            for (int j = 0; j < pn; j += NR) {
-                tile_any(T, k, k0, k1, mr, pn - j < NR ? pn - j : NR, x, ldx,
-                         w + (size_t) (p0 + j) * ldw, ldw, out + p0 + j, ldo,
-                         park + PARK(j, 0, 0));
+            for (int j = 0; j < pn; j += cols) {
+                tile_any(wtype, k, k0, k1, mr, pn - j < cols ? pn - j : cols,
+                         x, ldx, w + (size_t) (p0 + j) * ldw, ldw,
+                         out + p0 + j, ldo,
+                         park + PARK_SLOT(j, 0, 0));
             }
         }
     }
 }
 
-#define GEMM_FN(name, T)                                                      \
+#define GEMM_FN(name, wtype)                                                  \
 static void name(int64_t k, int mr, int nr, const void *x, size_t ldx,       \
                  const void *w, size_t ldw, float *out, size_t ldo) {        \
-    gemm_any(T, k, mr, nr, x, ldx, w, ldw, out, ldo);                         \
+    gemm_any(wtype, k, mr, nr, x, ldx, w, ldw, out, ldo);                     \
 }
 
 GEMM_FN(gemm_f32, T_F32)
@@ -1073,13 +1098,13 @@ static void scale(float *y, float s, int64_t n) {
 const CpuVec cpu_vec_avx512 = {
     .name = "avx512",
     .mm = {
-        { DT_F32,  gemm_f32,  F_MR, F_NR, NULL, NULL },
-        { DT_F32,  gemm_f16,  F_MR, F_NR, NULL, NULL },
-        { DT_F32,  gemm_bf16, F_MR, F_NR, NULL, NULL },
-        { DT_Q8_0, gemm_q8_0, Q_MR, Q_NR, xq_conv, xq_bytes },
-        { DT_Q8_0, gemm_q4_0, Q_MR, Q_NR, xq_conv, xq_bytes },
-        { DT_Q8_0, gemm_q8_0x, X_ROWS, X_NR, xg_conv, xg_bytes },
-        { DT_Q8_0, gemm_q4_0x, X_ROWS, X_NR, xg_conv, xg_bytes },
+        { DT_F32,  gemm_f32,  F_ROWS, F_COLS, NULL, NULL },
+        { DT_F32,  gemm_f16,  F_ROWS, F_COLS, NULL, NULL },
+        { DT_F32,  gemm_bf16, F_ROWS, F_COLS, NULL, NULL },
+        { DT_Q8_0, gemm_q8_0, Q_ROWS, Q_COLS, xq_conv, xq_bytes },
+        { DT_Q8_0, gemm_q4_0, Q_ROWS, Q_COLS, xq_conv, xq_bytes },
+        { DT_Q8_0, gemm_q8_0x, X_CALL_ROWS, X_COLS, xg_conv, xg_bytes },
+        { DT_Q8_0, gemm_q4_0x, X_CALL_ROWS, X_COLS, xg_conv, xg_bytes },
     },
     .quantize_q8_0 = quantize_q8_0,
     .to_f16 = to_f16,
