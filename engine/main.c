@@ -33,6 +33,8 @@
 #include "model.h"
 #include "request.h"
 #include "serve.h"
+#include "stage.h"
+#include "thinker.h"
 #include "tokenizer.h"
 
 #define MAX_OPTS 32
@@ -664,17 +666,32 @@ static int cmd_serve(int argc, char **argv) {
     return 0;
 }
 
+/* The stages `stage NAME` runs, one row each (stage.h). */
+static const StageOps *const STAGES[] = { &thinker_stage };
+
+#define N_STAGES (sizeof(STAGES) / sizeof(STAGES[0]))
+
+static const StageOps *find_stage(const char *name) {
+    char   names[256];
+    size_t n = 0;
+
+    for (size_t i = 0; i < N_STAGES; i++) {
+        if (strcmp(name, STAGES[i]->name) == 0) return STAGES[i];
+        n += (size_t) snprintf(names + n, sizeof(names) - n, "%s%s",
+                               i > 0 ? ", " : "", STAGES[i]->name);
+    }
+    die("unknown stage '%s' (%s)", name, names);
+}
+
 static int cmd_stage(int argc, char **argv) {
     static const char *fds[] = { "ipc-fd", "stats-fd", NULL };
-    Opts        o = { .n = 0 };
-    ServeConfig c;
-    char        name[256];
-    Err         err;
-    int         ipc, stats;
+    Opts            o = { .n = 0 };
+    ServeConfig     c;
+    char            name[256];
+    Err             err;
+    int             ipc, stats;
+    const StageOps *ops = find_stage(argc > 0 ? argv[0] : "");
 
-    if (argc < 1 || strcmp(argv[0], "thinker") != 0) {
-        die("unknown stage '%s' (thinker)", argc > 0 ? argv[0] : "");
-    }
     opts_add(&o, SERVE_VALS, false);
     opts_add(&o, SERVE_FLAGS, true);
     opts_add(&o, fds, false);
@@ -682,7 +699,7 @@ static int cmd_stage(int argc, char **argv) {
     ipc = (int) opt_need_int(&o, "ipc-fd", 0, 1 << 20);
     stats = (int) opt_need_int(&o, "stats-fd", 0, 1 << 20);
     read_serve(&o, &c, name, sizeof(name));
-    if (thinker_main(&c, ipc, stats, &err) != 0) die("%s", err.msg);
+    if (stage_main(ops, &c, ipc, stats, &err) != 0) die("%s", err.msg);
     return 0;
 }
 
