@@ -35,6 +35,7 @@
 #include "kernels.h"
 #include "model.h"
 #include "request.h"
+#include "runtime.h"
 #include "scheduler.h"
 #include "stage.h"
 #include "thinker.h"
@@ -44,7 +45,6 @@
 #define PREP_INLINE_MAX (16u << 10) // larger SUBMITs: the helper thread
 #define PREP_NICE       5           // its nice value, above the loop's
 #define DEFAULT_KV_MB   1024.0
-#define DEFAULT_CTX_MAX 4096
 
 /* One SUBMIT being prepared: parsed, checked, rendered, tokenized. */
 typedef struct {
@@ -78,12 +78,8 @@ typedef struct PrepJob {
 typedef struct Thinker {
     const ServeConfig *cfg;         // borrowed
     Stage             *st;          // borrowed: the skeleton running it
-    Model              m;
-    bool               m_loaded;
-    Tokenizer         *tk;          // owned
-    Backend           *be;          // owned
+    Runtime            rt;          // model, tokenizer, template, backend
     Scheduler         *sched;       // owned
-    ChatTemplate       tmpl;
     int64_t            ctx;         // tokens per sequence
     char               name[256];   // served model id
     PromptBound        bound;       // the tokenizer's text bound
@@ -130,25 +126,6 @@ static void ev_error(void *ud, uint64_t id, int status, const char *type,
  * the name, ctx, the bound) and writes only its Prep, so the same code
  * runs on either thread; its ERROR is emitted by the loop. */
 
-/* Renders r's messages with the model's template into p->chat. Returns
- * the length, or -1 with err set. */
-static long render_chat(const Thinker *t, Prep *p, Err *err) {
-    const OmniRequest *r = &p->req;
-    long               len = chat_render(t->tmpl, r->msgs, r->n_msgs, true,
-                                         p->chat, p->chat_cap, err);
-
-    if (len >= 0 && (size_t) len >= p->chat_cap) {
-        char *grown = realloc(p->chat, (size_t) len + 1);
-
-        if (grown == NULL) return err_set(err, "out of memory");
-        p->chat = grown;
-        p->chat_cap = (size_t) len + 1;
-        len = chat_render(t->tmpl, r->msgs, r->n_msgs, true, p->chat,
-                          p->chat_cap, err);
-    }
-    return len;
-}
-
 /* Sets p's outcome to an ERROR (400 invalid_request_error unless said). */
 static void prep_fail(Prep *p, int status, const char *param,
                       const char *code, const char *fmt, ...)
@@ -181,7 +158,8 @@ static void prep_tokens(const Thinker *t, Prep *p) {
     Err                err;
 
     if (r->chat) {
-        long clen = render_chat(t, p, &err);
+        long clen = runtime_render_chat(&t->rt, r->msgs, r->n_msgs,
+                                        &p->chat, &p->chat_cap, &err);
 
         if (clen < 0) {
             prep_fail(p, 400, param, NULL, "%s", err.msg);
@@ -192,9 +170,9 @@ static void prep_tokens(const Thinker *t, Prep *p) {
     }
     least = prompt_bound_tokens(&t->bound,
                                 prompt_bound_bytes(&t->bound, text, len))
-            + (tokenizer_adds_bos(t->tk) ? 1 : 0);
+            + (tokenizer_adds_bos(t->rt.tk) ? 1 : 0);
     n = least >= t->ctx ? least
-        : tokenizer_encode_upto(t->tk, text, len, true, r->chat, p->toks,
+        : tokenizer_encode_upto(t->rt.tk, text, len, true, r->chat, p->toks,
                                 t->ctx, &err);
     at_least = least >= t->ctx || n > t->ctx;
     if (n < 0) {
@@ -375,53 +353,21 @@ static void thinker_wake(Stage *s) {
 
 static int load_model(Thinker *t, Err *err) {
     const ServeConfig *cfg = t->cfg;
-    GGUFStr            tmpl = { NULL, 0 };
-    bool               known;
+    const ModelConfig *c = &t->rt.m.c;
     double             t0 = clock_now_s();
 
-    if (model_load(&t->m, cfg->model_path, cfg->mmap ? GGUF_MAP : GGUF_COPY,
-                   err) != 0)
+    if (runtime_load(&t->rt, cfg->model_path, cfg->mmap ? GGUF_MAP
+                     : GGUF_COPY, err) != 0)
     {
         return -1;
     }
-    t->m_loaded = true;
-    t->tk = tokenizer_new(&t->m.gguf, err);
-    if (t->tk == NULL) return err_prefix(err, "%s", cfg->model_path);
-    if (tokenizer_n_vocab(t->tk) != t->m.c.n_vocab) {
-        return err_set(err, "%s: the tokenizer has %d tokens but the "
-                       "embedding has %d rows", cfg->model_path,
-                       tokenizer_n_vocab(t->tk), t->m.c.n_vocab);
-    }
-    gguf_get_str(&t->m.gguf, "tokenizer.chat_template", &tmpl, NULL);
-    t->tmpl = chat_detect(tmpl.ptr, tmpl.len, &known);
-    if (tmpl.len > 0 && !known) {
+    if (t->rt.tmpl_unknown) {
         log_msg(LOG_WARN, "thinker: unrecognised chat template, using the "
                 "plain format");
     }
     log_msg(LOG_INFO, "thinker: loaded %s (%d layers, dim %d, vocab %d, "
-            "chat template %s) in %.2f s", cfg->model_path, t->m.c.n_layers,
-            t->m.c.dim, t->m.c.n_vocab, chat_name(t->tmpl),
-            clock_now_s() - t0);
-    return 0;
-}
-
-static int make_backend(Thinker *t, Err *err) {
-    const ModelConfig *c = &t->m.c;
-    BackendConfig      bc;
-    char               msg[ERR_MAX];
-    int64_t            wide = c->ffn_dim > c->dim ? c->ffn_dim : c->dim;
-
-    if (wide < (int64_t) c->n_heads * c->head_dim) {
-        wide = (int64_t) c->n_heads * c->head_dim;
-    }
-    bc.n_threads = t->cfg->threads;
-    bc.isa = t->cfg->isa;
-    bc.max_tokens = t->cfg->max_batch_tokens;
-    bc.max_cols = wide;
-    bc.max_ctx = t->ctx;
-    t->be = backend_cpu_new(&bc, msg, sizeof(msg));
-    if (t->be == NULL) return err_set(err, "%s", msg);
-    model_repack(&t->m, t->be);
+            "chat template %s) in %.2f s", cfg->model_path, c->n_layers,
+            c->dim, c->n_vocab, chat_name(t->rt.tmpl), clock_now_s() - t0);
     return 0;
 }
 
@@ -429,7 +375,7 @@ static int make_backend(Thinker *t, Err *err) {
  * no more than max_seqs full contexts can use, and at least one full
  * context (else the longest request could never finish). */
 static int pool_blocks(Thinker *t, int64_t *n_blocks, Err *err) {
-    const ModelConfig *c = &t->m.c;
+    const ModelConfig *c = &t->rt.m.c;
     const ServeConfig *cfg = t->cfg;
     int                bs = cfg->block_size;
     uint64_t           bytes = kv_block_bytes(c->n_layers, c->n_kv_heads,
@@ -471,7 +417,7 @@ static int make_scheduler(Thinker *t, Err *err) {
     sc.max_ctx = t->ctx;
     sc.prefix_cache = cfg->prefix_cache;
     if (pool_blocks(t, &sc.n_blocks, err) != 0) return -1;
-    t->sched = sched_new(&t->m, t->tk, t->be, &sc, &ev, t->st->stats, err);
+    t->sched = sched_new(&t->rt.m, t->rt.tk, t->rt.be, &sc, &ev, t->st->stats, err);
     return t->sched != NULL ? 0 : -1;
 }
 
@@ -490,10 +436,10 @@ static void reset_stats(Thinker *t) {
 /* One forward pass of one token through a one-block cache of its own:
  * starts the thread pool and touches the weights before READY. */
 static int warm_up(Thinker *t, Err *err) {
-    const ModelConfig *c = &t->m.c;
+    const ModelConfig *c = &t->rt.m.c;
     KVCache            kv;
     RunState           rs;
-    int32_t            tok = tokenizer_bos(t->tk) >= 0 ? tokenizer_bos(t->tk)
+    int32_t            tok = tokenizer_bos(t->rt.tk) >= 0 ? tokenizer_bos(t->rt.tk)
                                                        : 0;
     int32_t            pos = 0, table = 0, out = 0;
     const int32_t     *tables = &table;
@@ -510,7 +456,7 @@ static int warm_up(Thinker *t, Err *err) {
         return -1;
     }
     table = kv_alloc_block(&kv);
-    model_forward(&t->m, t->be, &kv, &rs, &tok, &b, &out, 1);
+    model_forward(&t->rt.m, t->rt.be, &kv, &rs, &tok, &b, &out, 1);
     runstate_free(&rs);
     kv_free(&kv);
     log_msg(LOG_INFO, "thinker: warm-up forward in %.3f s",
@@ -525,12 +471,12 @@ static int say_ready(Thinker *t, Err *err) {
 
     snprintf(more, sizeof(more), ",\"max_model_len\":%" PRId64 ",\"kernels\":"
              "\"%s\",\"max_piece_bytes\":%" PRIu32 ",\"ws_free\":%s", t->ctx,
-             t->be->name, t->bound.max_piece,
+             t->rt.be->name, t->bound.max_piece,
              t->bound.ws_free ? "true" : "false");
     if (stage_ready(t->st, t->name, more, err) != 0) return -1;
     log_msg(LOG_INFO, "thinker: ready, serving \"%s\" with a context of %"
             PRId64 " tokens on the %s kernel set", t->name, t->ctx,
-            t->be->name);
+            t->rt.be->name);
     return 0;
 }
 
@@ -545,17 +491,21 @@ static int thinker_start(Stage *s, const ServeConfig *cfg, Err *err) {
     t->cfg = cfg;
     serve_model_name(cfg, t->name, sizeof(t->name));
     if (load_model(t, err) != 0) return -1;
-    n_ctx = t->m.c.n_ctx;
-    t->ctx = cfg->ctx > 0 ? cfg->ctx
-                          : n_ctx < DEFAULT_CTX_MAX ? n_ctx : DEFAULT_CTX_MAX;
+    n_ctx = t->rt.m.c.n_ctx;
+    t->ctx = cfg->ctx > 0 ? cfg->ctx : n_ctx < RUNTIME_CTX_DEFAULT_MAX
+                                       ? n_ctx : RUNTIME_CTX_DEFAULT_MAX;
     if (t->ctx > n_ctx) {
         return err_set(err, "--ctx %" PRId64 " is more than the model's "
                        "context of %" PRId64 " tokens", t->ctx, n_ctx);
     }
-    tokenizer_text_bound(t->tk, &t->bound.max_piece, &t->bound.ws_free);
+    tokenizer_text_bound(t->rt.tk, &t->bound.max_piece, &t->bound.ws_free);
     t->toks = malloc((size_t) (t->ctx + 1) * sizeof(int32_t));
     if (t->toks == NULL) return err_set(err, "out of memory");
-    if (make_backend(t, err) != 0) return -1;
+    if (runtime_backend(&t->rt, cfg->threads, cfg->isa,
+                        cfg->max_batch_tokens, t->ctx, err) != 0)
+    {
+        return -1;
+    }
     reset_stats(t);
     if (make_scheduler(t, err) != 0 || warm_up(t, err) != 0
         || workq_init(&t->wq, PREP_NICE, err) != 0)
@@ -582,9 +532,7 @@ static void thinker_stop(Stage *s) {
         sched_abort_all(t->sched, "the engine's thinker stage is stopping");
     }
     sched_free(t->sched);
-    if (t->be != NULL) t->be->free(t->be);
-    tokenizer_free(t->tk);
-    if (t->m_loaded) model_free(&t->m);
+    runtime_free(&t->rt);
     free(t->toks);
     free(t->chat);
     free(t);
