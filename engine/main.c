@@ -32,7 +32,10 @@
 #include "make_model.h"
 #include "model.h"
 #include "request.h"
+#include "runtime.h"
 #include "serve.h"
+#include "stage.h"
+#include "thinker.h"
 #include "tokenizer.h"
 
 #define MAX_OPTS 32
@@ -211,34 +214,14 @@ static bool vocab_only(const char *path) {
     return none;
 }
 
-/* model_load, dying with its error; a vocabulary-only file is named as
- * such, since what is missing is not one tensor but all of them. */
-static void load_weights(Model *m, const char *path, GGUFLoad how) {
-    Err err;
-
-    if (model_load(m, path, how, &err) == 0) return;
+/* Dies with a runtime_load(_weights) error; a vocabulary-only file is
+ * named as such, since what is missing is not one tensor but all of them. */
+static void die_loading(const char *path, const Err *err) {
     if (vocab_only(path)) {
         die("%s: a vocabulary-only GGUF (a tokenizer, no weights): "
             "'tokenize' reads it, but generating needs a model", path);
     }
-    die("%s", err.msg);
-}
-
-static void load_model(Model *m, Tokenizer **tk, const char *path,
-                       GGUFLoad how)
-{
-    Err err;
-
-    load_weights(m, path, how);
-    *tk = tokenizer_new(&m->gguf, &err);
-    if (*tk == NULL) {
-        model_free(m);
-        die("%s: %s", path, err.msg);
-    }
-    if (tokenizer_n_vocab(*tk) != m->c.n_vocab) {
-        die("%s: the tokenizer has %d tokens but the embedding has %d rows",
-            path, tokenizer_n_vocab(*tk), m->c.n_vocab);
-    }
+    die("%s", err->msg);
 }
 
 /* Encodes text, growing the buffer once if the first guess is short. */
@@ -265,35 +248,24 @@ static int32_t *encode(const Tokenizer *tk, const char *text, bool add_special,
 }
 
 /* The prompt as one user message in the model's chat template. */
-static char *render_chat(const Model *m, const char *system, const char *user)
+static char *render_chat(const Runtime *rt, const char *system,
+                         const char *user)
 {
-    GGUFStr      t = { NULL, 0 };
-    ChatTemplate tmpl;
-    ChatMsg      msgs[2];
-    int          n = 0;
-    bool         known;
-    size_t       cap = strlen(user) + (system ? strlen(system) : 0) + 256;
-    char        *buf = malloc(cap);
-    long         len;
-    Err          err;
+    ChatMsg msgs[2];
+    int     n = 0;
+    char   *buf = NULL;
+    size_t  cap = 0;
+    Err     err;
 
-    if (buf == NULL) die("out of memory");
-    gguf_get_str(&m->gguf, "tokenizer.chat_template", &t, NULL);
-    tmpl = chat_detect(t.ptr, t.len, &known);
-    if (t.len > 0 && !known) {
+    if (rt->tmpl_unknown) {
         log_msg(LOG_WARN, "unrecognised chat template, using the plain "
                 "format");
     }
     if (system != NULL) msgs[n++] = (ChatMsg) { "system", system };
     msgs[n++] = (ChatMsg) { "user", user };
-    len = chat_render(tmpl, msgs, n, true, buf, cap, &err);
-    if (len >= 0 && (size_t) len >= cap) {
-        cap = (size_t) len + 1;
-        buf = realloc(buf, cap);
-        if (buf == NULL) die("out of memory");
-        len = chat_render(tmpl, msgs, n, true, buf, cap, &err);
+    if (runtime_render_chat(rt, msgs, n, &buf, &cap, &err) < 0) {
+        die("chat template: %s", err.msg);
     }
-    if (len < 0) die("chat template: %s", err.msg);
     return buf;
 }
 
@@ -312,25 +284,17 @@ static const char *isa_option(const Opts *o) {
         "ref, not '%s'", s);
 }
 
-/* The backend for m, which may then rearrange m's weights for itself. */
-static Backend *make_backend(const Opts *o, Model *m, int64_t n_ctx,
-                             int64_t batch)
+/* The backend for rt's model, which may then rearrange its weights. */
+static void make_backend(const Opts *o, Runtime *rt, int64_t n_ctx,
+                         int64_t batch)
 {
-    BackendConfig cfg;
-    char          err[ERR_MAX];
-    Backend      *be;
-    int64_t       wide = m->c.ffn_dim > m->c.dim ? m->c.ffn_dim : m->c.dim;
+    Err err;
 
-    cfg.n_threads = (int) opt_int(o, "threads", 0, 0, 1024);
-    cfg.isa = isa_option(o);
-    cfg.max_tokens = batch;
-    cfg.max_cols = wide > (int64_t) m->c.n_heads * m->c.head_dim
-                   ? wide : (int64_t) m->c.n_heads * m->c.head_dim;
-    cfg.max_ctx = n_ctx;
-    be = backend_cpu_new(&cfg, err, sizeof(err));
-    if (be == NULL) die("%s", err);
-    model_repack(m, be);
-    return be;
+    if (runtime_backend(rt, (int) opt_int(o, "threads", 0, 0, 1024),
+                        isa_option(o), batch, n_ctx, &err) != 0)
+    {
+        die("%s", err.msg);
+    }
 }
 
 
@@ -378,9 +342,7 @@ static int cmd_generate(int argc, char **argv) {
     };
     static const char *flags[] = { "chat", "stats", "mmap", NULL };
     Opts       o = { .n = 0 };
-    Model      m;
-    Tokenizer *tk;
-    Backend   *be;
+    Runtime    rt;
     Generator  g;
     GenParams  gp = { 0 };
     GenStats   st;
@@ -395,18 +357,20 @@ static int cmd_generate(int argc, char **argv) {
     opts_parse(&o, argc, argv);
     text = opt_need(&o, "prompt");
     read_sampling(&o, &gp);
-    load_model(&m, &tk, model_path(&o), load_how(&o));
-
+    if (runtime_load(&rt, model_path(&o), load_how(&o), &err) != 0) {
+        die_loading(model_path(&o), &err);
+    }
     if (opt_flag(&o, "chat")) {
-        chat_text = render_chat(&m, opt_str(&o, "system", NULL), text);
+        chat_text = render_chat(&rt, opt_str(&o, "system", NULL), text);
         text = chat_text;
     }
-    prompt = encode(tk, text, true, chat_text != NULL, &n_prompt);
-    n_ctx = opt_int(&o, "ctx", m.c.n_ctx < 4096 ? m.c.n_ctx : 4096, 16,
-                    m.c.n_ctx);
+    prompt = encode(rt.tk, text, true, chat_text != NULL, &n_prompt);
+    n_ctx = opt_int(&o, "ctx", rt.m.c.n_ctx < RUNTIME_CTX_DEFAULT_MAX
+                    ? rt.m.c.n_ctx : RUNTIME_CTX_DEFAULT_MAX, 16,
+                    rt.m.c.n_ctx);
     batch = opt_int(&o, "batch", 512, 1, 1 << 16);
-    be = make_backend(&o, &m, n_ctx, batch);
-    if (gen_init(&g, &m, tk, be, n_ctx, batch, &err) != 0
+    make_backend(&o, &rt, n_ctx, batch);
+    if (gen_init(&g, &rt.m, rt.tk, rt.be, n_ctx, batch, &err) != 0
         || gen_run(&g, prompt, n_prompt, &gp, emit_stdout, NULL, &st, &err)
            != 0)
     {
@@ -416,17 +380,15 @@ static int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "\nomni-engine: backend %s, prompt %" PRId64
                 " tokens in %.3f s (%.1f tok/s), generated %" PRId64
                 " in %.3f s (%.2f tok/s), finish %s, seed %" PRIu64 "\n",
-                be->name, st.n_prompt, st.t_prefill,
+                rt.be->name, st.n_prompt, st.t_prefill,
                 st.n_prompt / st.t_prefill, st.n_gen, st.t_decode,
                 st.n_gen > 1 ? (st.n_gen - 1) / st.t_decode : 0, st.finish,
                 gp.sampling.seed);
     }
     gen_free(&g);
-    be->free(be);
     free(prompt);
     free(chat_text);
-    tokenizer_free(tk);
-    model_free(&m);
+    runtime_free(&rt);
     return 0;
 }
 
@@ -498,8 +460,7 @@ static int cmd_bench(int argc, char **argv) {
     };
     static const char *flags[] = { "mmap", NULL };
     Opts        o = { .n = 0 };
-    Model       m;
-    Backend    *be;
+    Runtime     rt;
     BenchParams p;
     BenchResult r;
     Err         err;
@@ -512,23 +473,24 @@ static int cmd_bench(int argc, char **argv) {
     p.n_prompt = opt_int(&o, "n-prompt", 512, 0, 1 << 16);
     p.n_gen = opt_int(&o, "n-gen", 128, 0, 1 << 16);
     p.reps = (int) opt_int(&o, "reps", 3, 1, 16);
-    load_weights(&m, path, load_how(&o));
-    if (p.n_prompt + p.n_gen > m.c.n_ctx) {
-        die("--n-prompt and --n-gen exceed the model's context of %d",
-            m.c.n_ctx);
+    if (runtime_load_weights(&rt, path, load_how(&o), &err) != 0) {
+        die_loading(path, &err);
     }
-    be = make_backend(&o, &m, p.n_prompt > p.n_gen ? p.n_prompt : p.n_gen,
-                      p.n_prompt > 1 ? p.n_prompt : 1);
-    if (bench_run(&m, be, &p, &r, &err) != 0) die("%s", err.msg);
+    if (p.n_prompt + p.n_gen > rt.m.c.n_ctx) {
+        die("--n-prompt and --n-gen exceed the model's context of %d",
+            rt.m.c.n_ctx);
+    }
+    make_backend(&o, &rt, p.n_prompt > p.n_gen ? p.n_prompt : p.n_gen,
+                 p.n_prompt > 1 ? p.n_prompt : 1);
+    if (bench_run(&rt.m, rt.be, &p, &r, &err) != 0) die("%s", err.msg);
     printf("{\"model\": \"%s\", \"backend\": \"%s\", \"threads\": %d, "
-           "\"weight_bytes_per_token\": %" PRIu64 ", ", path, be->name,
-           (int) opt_int(&o, "threads", 0, 0, 1024), m.weight_bytes);
+           "\"weight_bytes_per_token\": %" PRIu64 ", ", path, rt.be->name,
+           (int) opt_int(&o, "threads", 0, 0, 1024), rt.m.weight_bytes);
     if (p.n_prompt > 0) print_series("pp", p.n_prompt, r.pp_tps, r.reps);
     if (p.n_prompt > 0 && p.n_gen > 0) printf(", ");
     if (p.n_gen > 0) print_series("tg", p.n_gen, r.tg_tps, r.reps);
     printf("}\n");
-    be->free(be);
-    model_free(&m);
+    runtime_free(&rt);
     return 0;
 }
 
@@ -664,17 +626,32 @@ static int cmd_serve(int argc, char **argv) {
     return 0;
 }
 
+/* The stages `stage NAME` runs, one row each (stage.h). */
+static const StageOps *const STAGES[] = { &thinker_stage };
+
+#define N_STAGES (sizeof(STAGES) / sizeof(STAGES[0]))
+
+static const StageOps *find_stage(const char *name) {
+    char   names[256];
+    size_t n = 0;
+
+    for (size_t i = 0; i < N_STAGES; i++) {
+        if (strcmp(name, STAGES[i]->name) == 0) return STAGES[i];
+        n += (size_t) snprintf(names + n, sizeof(names) - n, "%s%s",
+                               i > 0 ? ", " : "", STAGES[i]->name);
+    }
+    die("unknown stage '%s' (%s)", name, names);
+}
+
 static int cmd_stage(int argc, char **argv) {
     static const char *fds[] = { "ipc-fd", "stats-fd", NULL };
-    Opts        o = { .n = 0 };
-    ServeConfig c;
-    char        name[256];
-    Err         err;
-    int         ipc, stats;
+    Opts            o = { .n = 0 };
+    ServeConfig     c;
+    char            name[256];
+    Err             err;
+    int             ipc, stats;
+    const StageOps *ops = find_stage(argc > 0 ? argv[0] : "");
 
-    if (argc < 1 || strcmp(argv[0], "thinker") != 0) {
-        die("unknown stage '%s' (thinker)", argc > 0 ? argv[0] : "");
-    }
     opts_add(&o, SERVE_VALS, false);
     opts_add(&o, SERVE_FLAGS, true);
     opts_add(&o, fds, false);
@@ -682,7 +659,7 @@ static int cmd_stage(int argc, char **argv) {
     ipc = (int) opt_need_int(&o, "ipc-fd", 0, 1 << 20);
     stats = (int) opt_need_int(&o, "stats-fd", 0, 1 << 20);
     read_serve(&o, &c, name, sizeof(name));
-    if (thinker_main(&c, ipc, stats, &err) != 0) die("%s", err.msg);
+    if (stage_main(ops, &c, ipc, stats, &err) != 0) die("%s", err.msg);
     return 0;
 }
 

@@ -29,7 +29,9 @@
  *
  * Liveness: the stage writes the monotonic time into the stats page's
  * heartbeat at every turn of its loop, which turns at least every
- * STAGE_BEAT_MS when idle, and step_start while a scheduler step runs.
+ * STAGE_BEAT_MS when idle, and step_start while a step runs. The stage
+ * side of all this, channel, page and loop, is written once, in the stage
+ * skeleton (engine/stage/stage.h), which every stage runs in.
  * The frontend reads them without asking: a stage silent for longer than
  * --stage-unready-after is not ready, one silent for --stage-kill-after is
  * killed and restarted. A channel ping would say the same but would queue
@@ -91,8 +93,9 @@ typedef struct {
  * stage writes (bar the two the frontend keeps, marked); relaxed atomics
  * are enough for monitoring.
  *
- * The first part is every stage's: liveness, queue, restarts. The rest is
- * the stage's own, one member of the union per kind of stage, so the page
+ * The first part is every stage's: liveness, queue, restarts; the stage
+ * skeleton maps the page and resets and writes its liveness fields, the
+ * stage its queue gauges. The rest is the stage's own, one member of the union per kind of stage, so the page
  * has one size whatever the stage and a new stage adds its member. */
 typedef struct {
     uint64_t          magic;                // STATS_MAGIC

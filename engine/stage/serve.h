@@ -1,10 +1,11 @@
-/* serve.h -- `omni-engine serve`: its settings and the entry points of its
- * two kinds of process.
+/* serve.h -- `omni-engine serve`: its settings and the frontend's entry
+ * point (a stage's is stage.h's stage_main).
  *
  *   omni-engine serve --model PATH --socket PATH [options]
  *
  * runs the frontend (frontend.c): it listens on the Unix socket, starts the
- * thinker stage (thinker.c) by fork+exec of its own binary as
+ * thinker stage (thinker.c, run by the skeleton of stage.h) by fork+exec
+ * of its own binary as
  *
  *   omni-engine stage thinker --ipc-fd 3 --stats-fd 4 <the serve options>
  *
@@ -83,10 +84,5 @@ static inline size_t serve_model_name(const ServeConfig *cfg, char *out,
  * cfg->lock_file held by another engine: "another engine (pid N) holds
  * PATH" unless cfg->replace, ...). */
 int frontend_run(const ServeConfig *cfg, int argc, char **argv, Err *err);
-
-/* The thinker stage: loads the model, says READY on ipc_fd, serves SUBMIT
- * and CANCEL until ipc_fd reaches EOF. Returns 0 then, or -1 with err set
- * when it cannot start (the model does not load, ...). */
-int thinker_main(const ServeConfig *cfg, int ipc_fd, int stats_fd, Err *err);
 
 #endif

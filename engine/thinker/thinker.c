@@ -1,74 +1,50 @@
-/* thinker.c -- the thinker stage process: the model, the scheduler, and
- * the frontend channel of stage_channel.h.
+/* thinker.c -- the thinker stage: the model, the scheduler, and the
+ * preparation of requests for it. The process around it (the channel, the
+ * stats page's generic part, the loop, the heartbeat) is the stage
+ * skeleton's (stage.h); this file is the thinker's row, thinker_stage.
  *
  * Startup builds, in order: the model (copied into huge-page memory and
  * repacked for the backend, unless cfg->mmap maps it), the tokenizer, the
- * CPU backend, the scheduler with its KV pool, the stats page. One warm-up
- * forward pass (its own one-block cache, so the scheduler's state and the
- * counters are untouched) brings the thread pool up and faults the weights
- * in; then READY goes out. Any failure before READY is a startup failure:
- * thinker_main returns -1 and the process exits.
+ * CPU backend, the scheduler with its KV pool. One warm-up forward pass
+ * (its own one-block cache, so the scheduler's state and the counters are
+ * untouched) brings the thread pool up and faults the weights in; then
+ * READY goes out. Any failure before READY is a startup failure: the
+ * process exits.
  *
- * Then one loop, single-threaded:
- *
- *   poll      ipc_fd for SUBMIT/CANCEL (and POLLOUT while output waits),
- *             and the helper thread's eventfd;
- *             timeout 0 while the scheduler has work, STAGE_BEAT_MS when
- *             idle (so the heartbeat goes on)
- *   read      every whole frame available: SUBMIT is parsed, checked,
- *             rendered and tokenized, then queued (over PREP_INLINE_MAX
- *             bytes, on the helper thread, queued when it comes back);
- *             CANCEL frees at once
- *   step      one scheduler step, its events queued as frames
- *   flush     as much output as the socket takes
- *
- * Each turn, each frame and each step writes the heartbeat in the stats
- * page (stage_channel.h): the frontend's only evidence that this loop still runs.
+ * Then the skeleton's loop calls in: a SUBMIT is parsed, checked, rendered
+ * and tokenized, then queued (over PREP_INLINE_MAX bytes, on the helper
+ * thread, queued when it comes back: the wake fd); a CANCEL frees at once;
+ * a step is one scheduler step, its events queued as frames.
  *
  * A prompt that cannot fit the context is refused before it costs a
- * full tokenization: first by the text bound (stage_channel.h's PromptBound, one
- * pass at most over the text), else by tokenizing it only until it passes
- * ctx tokens (tokenizer_encode_upto; the error then says "at least").
+ * full tokenization: first by the text bound (stage_channel.h's
+ * PromptBound, one pass at most over the text), else by tokenizing it only
+ * until it passes ctx tokens (tokenizer_encode_upto; the error then says
+ * "at least").
  *
- * Output is bounded: past WRITE_HIGH bytes unsent the loop stops stepping
- * and waits for the frontend to drain (it always does), so a stalled
- * reader costs no memory growth. Requests are parsed again here although
- * the frontend checked them: the stage must not trust its input more than
- * a parse costs, and the frontend stays free of model state.
- *
- * EOF on ipc_fd means the frontend is gone or wants this stage gone:
- * every request is ended and thinker_main returns 0. SIGTERM and SIGINT
- * are ignored; a terminal's ^C reaches the whole process group and the
- * frontend decides how the stage ends. */
+ * Requests are parsed again here although the frontend checked them: the
+ * stage must not trust its input more than a parse costs, and the
+ * frontend stays free of model state. */
 
-#include <errno.h>
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "chat.h"
-#include "frame.h"
 #include "kernels.h"
 #include "model.h"
 #include "request.h"
+#include "runtime.h"
 #include "scheduler.h"
-#include "serve.h"
-#include "stage_channel.h"
+#include "stage.h"
+#include "thinker.h"
 #include "tokenizer.h"
 #include "workq.h"
 
-#define WRITE_HIGH      (8u << 20)  // unsent output that pauses stepping
 #define PREP_INLINE_MAX (16u << 10) // larger SUBMITs: the helper thread
 #define PREP_NICE       5           // its nice value, above the loop's
 #define DEFAULT_KV_MB   1024.0
-#define DEFAULT_CTX_MAX 4096
 
 /* One SUBMIT being prepared: parsed, checked, rendered, tokenized. */
 typedef struct {
@@ -101,19 +77,11 @@ typedef struct PrepJob {
 
 typedef struct Thinker {
     const ServeConfig *cfg;         // borrowed
-    int                fd;          // ipc_fd, non-blocking
-    Model              m;
-    bool               m_loaded;
-    Tokenizer         *tk;          // owned
-    Backend           *be;          // owned
+    Stage             *st;          // borrowed: the skeleton running it
+    Runtime            rt;          // model, tokenizer, template, backend
     Scheduler         *sched;       // owned
-    OmniStats         *stats;       // mapped page, or NULL without stats_fd
-    ChatTemplate       tmpl;
     int64_t            ctx;         // tokens per sequence
     char               name[256];   // served model id
-    FrameReader        rd;
-    FrameWriter        wr;
-    bool               nomem;       // the writer could not grow
     PromptBound        bound;       // the tokenizer's text bound
     int32_t           *toks;        // (ctx + 1,) prompt scratch, owned
     char              *chat;        // rendered chat scratch, owned, grows
@@ -126,51 +94,25 @@ typedef struct Thinker {
 
 
 /* ---- Events out --------------------------------------------------------
- * Scheduler events become STAGE_EVENT frames: u64 id, then the client
- * frame (header and payload) the frontend passes on unchanged. */
-
-static void put_event(Thinker *t, uint64_t id, uint8_t type, const void *p,
-                      size_t n)
-{
-    uint8_t pre[8 + OMNI_FRAME_HDR];
-
-    omni_wr64(pre, id);
-    omni_hdr_encode(pre + 8, type, (uint32_t) n);
-    if (frame_put2(&t->wr, OMNI_F_STAGE_EVENT, pre, sizeof(pre), p, n) != 0) {
-        t->nomem = true;
-    }
-}
+ * The scheduler's events, whose ud is the Stage, become the skeleton's
+ * frames. */
 
 static void ev_started(void *ud, uint64_t id) {
-    Thinker *t = ud;
-    uint8_t  b[8];
-
-    omni_wr64(b, id);
-    if (frame_put(&t->wr, OMNI_F_STAGE_STARTED, b, sizeof(b)) != 0) {
-        t->nomem = true;
-    }
+    stage_started(ud, id);
 }
 
 static void ev_text(void *ud, uint64_t id, const char *s, size_t n) {
-    put_event(ud, id, OMNI_F_TEXT, s, n);
+    stage_event(ud, id, OMNI_F_TEXT, s, n);
 }
 
 static void ev_done(void *ud, uint64_t id, const OmniDone *d) {
-    uint8_t b[OMNI_DONE_LEN];
-
-    omni_done_encode(b, d);
-    put_event(ud, id, OMNI_F_DONE, b, sizeof(b));
+    stage_done(ud, id, d);
 }
 
-/* omni_error_set cuts the strings, at character boundaries, to fit. */
 static void ev_error(void *ud, uint64_t id, int status, const char *type,
                      const char *param, const char *code, const char *msg)
 {
-    uint8_t   b[OMNI_MAX_ERROR];
-    OmniError e;
-
-    omni_error_set(&e, status, type, param, code, msg);
-    put_event(ud, id, OMNI_F_ERROR, b, omni_error_encode(b, &e));
+    stage_error(ud, id, status, type, param, code, msg);
 }
 
 
@@ -183,25 +125,6 @@ static void ev_error(void *ud, uint64_t id, int status, const char *type,
  * only what does not change after startup (the tokenizer, the template,
  * the name, ctx, the bound) and writes only its Prep, so the same code
  * runs on either thread; its ERROR is emitted by the loop. */
-
-/* Renders r's messages with the model's template into p->chat. Returns
- * the length, or -1 with err set. */
-static long render_chat(const Thinker *t, Prep *p, Err *err) {
-    const OmniRequest *r = &p->req;
-    long               len = chat_render(t->tmpl, r->msgs, r->n_msgs, true,
-                                         p->chat, p->chat_cap, err);
-
-    if (len >= 0 && (size_t) len >= p->chat_cap) {
-        char *grown = realloc(p->chat, (size_t) len + 1);
-
-        if (grown == NULL) return err_set(err, "out of memory");
-        p->chat = grown;
-        p->chat_cap = (size_t) len + 1;
-        len = chat_render(t->tmpl, r->msgs, r->n_msgs, true, p->chat,
-                          p->chat_cap, err);
-    }
-    return len;
-}
 
 /* Sets p's outcome to an ERROR (400 invalid_request_error unless said). */
 static void prep_fail(Prep *p, int status, const char *param,
@@ -235,7 +158,8 @@ static void prep_tokens(const Thinker *t, Prep *p) {
     Err                err;
 
     if (r->chat) {
-        long clen = render_chat(t, p, &err);
+        long clen = runtime_render_chat(&t->rt, r->msgs, r->n_msgs,
+                                        &p->chat, &p->chat_cap, &err);
 
         if (clen < 0) {
             prep_fail(p, 400, param, NULL, "%s", err.msg);
@@ -246,9 +170,9 @@ static void prep_tokens(const Thinker *t, Prep *p) {
     }
     least = prompt_bound_tokens(&t->bound,
                                 prompt_bound_bytes(&t->bound, text, len))
-            + (tokenizer_adds_bos(t->tk) ? 1 : 0);
+            + (tokenizer_adds_bos(t->rt.tk) ? 1 : 0);
     n = least >= t->ctx ? least
-        : tokenizer_encode_upto(t->tk, text, len, true, r->chat, p->toks,
+        : tokenizer_encode_upto(t->rt.tk, text, len, true, r->chat, p->toks,
                                 t->ctx, &err);
     at_least = least >= t->ctx || n > t->ctx;
     if (n < 0) {
@@ -290,7 +214,7 @@ static void prep_finish(Thinker *t, Prep *p) {
     SeqParams          sp;
 
     if (p->status != 0) {
-        ev_error(t, p->id, p->status, p->status < 500
+        stage_error(t->st, p->id, p->status, p->status < 500
                  ? "invalid_request_error" : "server_error",
                  p->param[0] != '\0' ? p->param : NULL, p->code, p->msg);
     } else {
@@ -339,7 +263,8 @@ static bool prep_offload(Thinker *t, uint64_t id, const char *json,
 
         snprintf(msg, sizeof(msg), "the server is overloaded: %d requests "
                  "are being prepared", t->n_jobs);
-        ev_error(t, id, 503, "server_error", NULL, "overloaded", msg);
+        stage_error(t->st, id, 503, "server_error", NULL, "overloaded",
+                    msg);
         return true;
     }
     j = calloc(1, sizeof(*j));
@@ -379,25 +304,29 @@ static void prep_done(Thinker *t) {
         if (!j->cancelled && w->ran) {
             prep_finish(t, &j->p);
         } else if (!j->cancelled) {
-            ev_error(t, j->p.id, 503, "server_error", NULL,
-                     "engine_shutdown", "the engine's thinker stage is "
-                     "stopping");
+            stage_error(t->st, j->p.id, 503, "server_error", NULL,
+                        "engine_shutdown", "the engine's thinker stage is "
+                        "stopping");
         }
         prep_job_free(j);
     }
 }
 
 /* A CANCEL: wherever the request is, it goes without a word. */
-static void cancel(Thinker *t, uint64_t id) {
+static void thinker_cancel(Stage *s, uint64_t id) {
+    Thinker *t = s->ud;
+
     for (PrepJob *j = t->jobs; j != NULL; j = j->next) {
         if (j->p.id == id) j->cancelled = true;
     }
     sched_cancel(t->sched, id);
 }
 
-static void on_submit(Thinker *t, uint64_t id, const char *json, size_t len)
+static void thinker_submit(Stage *s, uint64_t id, const char *json,
+                           size_t len)
 {
-    Prep p = { .id = id, .json = json, .len = len, .toks = t->toks,
+    Thinker *t = s->ud;
+    Prep     p = { .id = id, .json = json, .len = len, .toks = t->toks,
                .chat = t->chat, .chat_cap = t->chat_cap };
 
     if (prep_offload(t, id, json, len)) return;
@@ -407,74 +336,16 @@ static void on_submit(Thinker *t, uint64_t id, const char *json, size_t len)
     prep_finish(t, &p);
 }
 
-/* ---- Liveness (stage_channel.h) ------------------------------------------------ */
-
-static void beat(Thinker *t) {
-    if (t->stats == NULL) return;
-    atomic_store_explicit(&t->stats->heartbeat_us, stage_clock_us(),
-                          memory_order_relaxed);
+static bool thinker_idle(Stage *s) {
+    return sched_idle(((Thinker *) s->ud)->sched);
 }
 
-/* One scheduler step between two beats, with its start published while it
- * runs (health tells a long step from a stalled loop) and the longest
- * step kept (what --stage-kill-after must stay above). */
-static void step(Thinker *t) {
-    OmniStats *st = t->stats;
-    int64_t    t0 = stage_clock_us(), t1;
-
-    if (st != NULL) {
-        atomic_store_explicit(&st->heartbeat_us, t0, memory_order_relaxed);
-        atomic_store_explicit(&st->step_start_us, t0, memory_order_relaxed);
-    }
-    sched_step(t->sched);
-    if (st == NULL) return;
-    t1 = stage_clock_us();
-    atomic_store_explicit(&st->step_start_us, 0, memory_order_relaxed);
-    atomic_store_explicit(&st->heartbeat_us, t1, memory_order_relaxed);
-    if (t1 - t0 > atomic_load_explicit(&st->step_max_us,
-                                       memory_order_relaxed))
-    {
-        atomic_store_explicit(&st->step_max_us, t1 - t0,
-                              memory_order_relaxed);
-    }
+static void thinker_step(Stage *s) {
+    sched_step(((Thinker *) s->ud)->sched);
 }
 
-/* Handles every whole frame that can be read now. Returns 1 at EOF, 0
- * when more may come, -1 with err set when the frontend broke the
- * protocol (a bug there: this stage exits and is restarted). */
-static int read_frames(Thinker *t, Err *err) {
-    FrameStatus st;
-    bool        eof;
-
-    while ((st = frame_read_fd(&t->rd, t->fd, &eof)) == FRAME_READY) {
-        const uint8_t *p = t->rd.payload;
-        uint32_t       len = t->rd.hdr.len;
-
-        if (len < 8) {
-            return err_set(err, "frontend sent a stage frame of %u bytes, "
-                           "without a request id", len);
-        }
-        switch (t->rd.hdr.type) {
-        case OMNI_F_STAGE_SUBMIT:
-            on_submit(t, omni_rd64(p), (const char *) p + 8, len - 8);
-            break;
-        case OMNI_F_STAGE_CANCEL:
-            cancel(t, omni_rd64(p));
-            break;
-        default:
-            return err_set(err, "frontend sent stage frame type %u, which "
-                           "a stage does not take", t->rd.hdr.type);
-        }
-        frame_reader_next(&t->rd);
-        beat(t);
-    }
-    if (st == FRAME_BAD) {
-        return err_set(err, "frontend channel: %s", t->rd.error);
-    }
-    if (st == FRAME_NOMEM) {
-        return err_set(err, "out of memory reading a frame");
-    }
-    return eof ? 1 : 0;
+static void thinker_wake(Stage *s) {
+    prep_done(s->ud);
 }
 
 
@@ -482,53 +353,21 @@ static int read_frames(Thinker *t, Err *err) {
 
 static int load_model(Thinker *t, Err *err) {
     const ServeConfig *cfg = t->cfg;
-    GGUFStr            tmpl = { NULL, 0 };
-    bool               known;
+    const ModelConfig *c = &t->rt.m.c;
     double             t0 = clock_now_s();
 
-    if (model_load(&t->m, cfg->model_path, cfg->mmap ? GGUF_MAP : GGUF_COPY,
-                   err) != 0)
+    if (runtime_load(&t->rt, cfg->model_path, cfg->mmap ? GGUF_MAP
+                     : GGUF_COPY, err) != 0)
     {
         return -1;
     }
-    t->m_loaded = true;
-    t->tk = tokenizer_new(&t->m.gguf, err);
-    if (t->tk == NULL) return err_prefix(err, "%s", cfg->model_path);
-    if (tokenizer_n_vocab(t->tk) != t->m.c.n_vocab) {
-        return err_set(err, "%s: the tokenizer has %d tokens but the "
-                       "embedding has %d rows", cfg->model_path,
-                       tokenizer_n_vocab(t->tk), t->m.c.n_vocab);
-    }
-    gguf_get_str(&t->m.gguf, "tokenizer.chat_template", &tmpl, NULL);
-    t->tmpl = chat_detect(tmpl.ptr, tmpl.len, &known);
-    if (tmpl.len > 0 && !known) {
+    if (t->rt.tmpl_unknown) {
         log_msg(LOG_WARN, "thinker: unrecognised chat template, using the "
                 "plain format");
     }
     log_msg(LOG_INFO, "thinker: loaded %s (%d layers, dim %d, vocab %d, "
-            "chat template %s) in %.2f s", cfg->model_path, t->m.c.n_layers,
-            t->m.c.dim, t->m.c.n_vocab, chat_name(t->tmpl),
-            clock_now_s() - t0);
-    return 0;
-}
-
-static int make_backend(Thinker *t, Err *err) {
-    const ModelConfig *c = &t->m.c;
-    BackendConfig      bc;
-    char               msg[ERR_MAX];
-    int64_t            wide = c->ffn_dim > c->dim ? c->ffn_dim : c->dim;
-
-    if (wide < (int64_t) c->n_heads * c->head_dim) {
-        wide = (int64_t) c->n_heads * c->head_dim;
-    }
-    bc.n_threads = t->cfg->threads;
-    bc.isa = t->cfg->isa;
-    bc.max_tokens = t->cfg->max_batch_tokens;
-    bc.max_cols = wide;
-    bc.max_ctx = t->ctx;
-    t->be = backend_cpu_new(&bc, msg, sizeof(msg));
-    if (t->be == NULL) return err_set(err, "%s", msg);
-    model_repack(&t->m, t->be);
+            "chat template %s) in %.2f s", cfg->model_path, c->n_layers,
+            c->dim, c->n_vocab, chat_name(t->rt.tmpl), clock_now_s() - t0);
     return 0;
 }
 
@@ -536,7 +375,7 @@ static int make_backend(Thinker *t, Err *err) {
  * no more than max_seqs full contexts can use, and at least one full
  * context (else the longest request could never finish). */
 static int pool_blocks(Thinker *t, int64_t *n_blocks, Err *err) {
-    const ModelConfig *c = &t->m.c;
+    const ModelConfig *c = &t->rt.m.c;
     const ServeConfig *cfg = t->cfg;
     int                bs = cfg->block_size;
     uint64_t           bytes = kv_block_bytes(c->n_layers, c->n_kv_heads,
@@ -567,7 +406,7 @@ static int pool_blocks(Thinker *t, int64_t *n_blocks, Err *err) {
 
 static int make_scheduler(Thinker *t, Err *err) {
     const ServeConfig *cfg = t->cfg;
-    SchedEvents        ev = { t, ev_started, ev_text, ev_done, ev_error };
+    SchedEvents        ev = { t->st, ev_started, ev_text, ev_done, ev_error };
     SchedConfig        sc;
 
     if (cfg->block_size < 1) return err_set(err, "--block-size must be >= 1");
@@ -578,56 +417,29 @@ static int make_scheduler(Thinker *t, Err *err) {
     sc.max_ctx = t->ctx;
     sc.prefix_cache = cfg->prefix_cache;
     if (pool_blocks(t, &sc.n_blocks, err) != 0) return -1;
-    t->sched = sched_new(&t->m, t->tk, t->be, &sc, &ev, t->stats, err);
+    t->sched = sched_new(&t->rt.m, t->rt.tk, t->rt.be, &sc, &ev, t->st->stats, err);
     return t->sched != NULL ? 0 : -1;
 }
 
-/* Maps the frontend's stats page (stats_fd < 0: none). The frontend sized
- * it; a new stage resets the gauges and keeps the counters. */
-static int map_stats(Thinker *t, int stats_fd, Err *err) {
-    struct stat st;
-    OmniStats  *s;
+/* The thinker's gauges in the stats page, reset as the skeleton resets
+ * the generic ones: a new stage starts from nothing. */
+static void reset_stats(Thinker *t) {
+    OmniStats *s = t->st->stats;
 
-    if (stats_fd < 0) return 0;
-    if (fstat(stats_fd, &st) != 0) {
-        return err_set(err, "stats fd %d: %s", stats_fd, strerror(errno));
-    }
-    if ((size_t) st.st_size < sizeof(OmniStats)) {
-        return err_set(err, "stats fd %d: %lld bytes, an OmniStats needs "
-                       "%zu", stats_fd, (long long) st.st_size,
-                       sizeof(OmniStats));
-    }
-    s = mmap(NULL, sizeof(OmniStats), PROT_READ | PROT_WRITE, MAP_SHARED,
-             stats_fd, 0);
-    if (s == MAP_FAILED) {
-        return err_set(err, "stats fd %d: mmap: %s", stats_fd,
-                       strerror(errno));
-    }
-    t->stats = s;
-    if (s->magic != STATS_MAGIC) {
-        return err_set(err, "stats fd %d: bad magic %#llx", stats_fd,
-                       (unsigned long long) s->magic);
-    }
-    atomic_store(&s->requests_running, 0);
-    atomic_store(&s->requests_waiting, 0);
+    if (s == NULL) return;
     atomic_store(&s->thinker.kv_blocks_used, 0);
     atomic_store(&s->thinker.kv_blocks_cached, 0);
     atomic_store(&s->thinker.kv_blocks_free, 0);
     atomic_store(&s->thinker.kv_blocks_total, 0);
-    atomic_store(&s->heartbeat_us, 0);
-    atomic_store(&s->step_start_us, 0);
-    atomic_store(&s->step_max_us, 0);
-    atomic_store(&s->stage_pid, (int64_t) getpid());
-    return 0;
 }
 
 /* One forward pass of one token through a one-block cache of its own:
  * starts the thread pool and touches the weights before READY. */
 static int warm_up(Thinker *t, Err *err) {
-    const ModelConfig *c = &t->m.c;
+    const ModelConfig *c = &t->rt.m.c;
     KVCache            kv;
     RunState           rs;
-    int32_t            tok = tokenizer_bos(t->tk) >= 0 ? tokenizer_bos(t->tk)
+    int32_t            tok = tokenizer_bos(t->rt.tk) >= 0 ? tokenizer_bos(t->rt.tk)
                                                        : 0;
     int32_t            pos = 0, table = 0, out = 0;
     const int32_t     *tables = &table;
@@ -644,7 +456,7 @@ static int warm_up(Thinker *t, Err *err) {
         return -1;
     }
     table = kv_alloc_block(&kv);
-    model_forward(&t->m, t->be, &kv, &rs, &tok, &b, &out, 1);
+    model_forward(&t->rt.m, t->rt.be, &kv, &rs, &tok, &b, &out, 1);
     runstate_free(&rs);
     kv_free(&kv);
     log_msg(LOG_INFO, "thinker: warm-up forward in %.3f s",
@@ -653,143 +465,87 @@ static int warm_up(Thinker *t, Err *err) {
 }
 
 /* READY: {"id": name, "max_model_len": ctx, "kernels": set,
- * "max_piece_bytes": n, "ws_free": bool}, the name JSON-escaped. The
- * first heartbeat goes out with it. */
+ * "max_piece_bytes": n, "ws_free": bool}. */
 static int say_ready(Thinker *t, Err *err) {
-    char   buf[2 * sizeof(t->name) * 3 + 256];
-    size_t n = 0;
+    char more[160];
 
-    n += (size_t) snprintf(buf, sizeof(buf), "{\"id\":\"");
-    for (const char *p = t->name; *p != '\0'; p++) {
-        unsigned char ch = (unsigned char) *p;
-
-        if (ch == '"' || ch == '\\') {
-            buf[n++] = '\\';
-            buf[n++] = (char) ch;
-        } else if (ch < 0x20) {
-            n += (size_t) snprintf(buf + n, sizeof(buf) - n, "\\u%04x", ch);
-        } else {
-            buf[n++] = (char) ch;
-        }
-    }
-    n += (size_t) snprintf(buf + n, sizeof(buf) - n,
-                           "\",\"max_model_len\":%" PRId64 ",\"kernels\":"
-                           "\"%s\",\"max_piece_bytes\":%" PRIu32
-                           ",\"ws_free\":%s}", t->ctx, t->be->name,
-                           t->bound.max_piece,
-                           t->bound.ws_free ? "true" : "false");
-    beat(t);
-    if (frame_put(&t->wr, OMNI_F_STAGE_READY, buf, n) != 0) {
-        return err_set(err, "out of memory");
-    }
+    snprintf(more, sizeof(more), ",\"max_model_len\":%" PRId64 ",\"kernels\":"
+             "\"%s\",\"max_piece_bytes\":%" PRIu32 ",\"ws_free\":%s", t->ctx,
+             t->rt.be->name, t->bound.max_piece,
+             t->bound.ws_free ? "true" : "false");
+    if (stage_ready(t->st, t->name, more, err) != 0) return -1;
     log_msg(LOG_INFO, "thinker: ready, serving \"%s\" with a context of %"
             PRId64 " tokens on the %s kernel set", t->name, t->ctx,
-            t->be->name);
+            t->rt.be->name);
     return 0;
 }
 
-static int thinker_start(Thinker *t, int stats_fd, Err *err) {
-    const ServeConfig *cfg = t->cfg;
-    int64_t            n_ctx;
+/* The stage's start (stage.h): builds a Thinker into s->ud. */
+static int thinker_start(Stage *s, const ServeConfig *cfg, Err *err) {
+    Thinker *t = calloc(1, sizeof(*t));
+    int64_t  n_ctx;
 
+    if (t == NULL) return err_set(err, "out of memory");
+    s->ud = t;
+    t->st = s;
+    t->cfg = cfg;
     serve_model_name(cfg, t->name, sizeof(t->name));
     if (load_model(t, err) != 0) return -1;
-    n_ctx = t->m.c.n_ctx;
-    t->ctx = cfg->ctx > 0 ? cfg->ctx
-                          : n_ctx < DEFAULT_CTX_MAX ? n_ctx : DEFAULT_CTX_MAX;
+    n_ctx = t->rt.m.c.n_ctx;
+    t->ctx = cfg->ctx > 0 ? cfg->ctx : n_ctx < RUNTIME_CTX_DEFAULT_MAX
+                                       ? n_ctx : RUNTIME_CTX_DEFAULT_MAX;
     if (t->ctx > n_ctx) {
         return err_set(err, "--ctx %" PRId64 " is more than the model's "
                        "context of %" PRId64 " tokens", t->ctx, n_ctx);
     }
-    tokenizer_text_bound(t->tk, &t->bound.max_piece, &t->bound.ws_free);
+    tokenizer_text_bound(t->rt.tk, &t->bound.max_piece, &t->bound.ws_free);
     t->toks = malloc((size_t) (t->ctx + 1) * sizeof(int32_t));
     if (t->toks == NULL) return err_set(err, "out of memory");
-    if (make_backend(t, err) != 0 || map_stats(t, stats_fd, err) != 0
-        || make_scheduler(t, err) != 0 || warm_up(t, err) != 0
+    if (runtime_backend(&t->rt, cfg->threads, cfg->isa,
+                        cfg->max_batch_tokens, t->ctx, err) != 0)
+    {
+        return -1;
+    }
+    reset_stats(t);
+    if (make_scheduler(t, err) != 0 || warm_up(t, err) != 0
         || workq_init(&t->wq, PREP_NICE, err) != 0)
     {
         return -1;
     }
     t->wq_up = true;
+    s->wake_fd = t->wq.efd;
     return say_ready(t, err);
 }
 
-static void thinker_free(Thinker *t) {
+/* The stage's stop (stage.h): what the helper thread prepared goes first,
+ * then every request still held ends with an ERROR; then t is freed. */
+static void thinker_stop(Stage *s) {
+    Thinker *t = s->ud;
+
+    if (t == NULL) return;
+    if (t->wq_up) {
+        workq_stop(&t->wq);
+        prep_done(t);
+        workq_free(&t->wq);
+    }
+    if (t->sched != NULL) {
+        sched_abort_all(t->sched, "the engine's thinker stage is stopping");
+    }
     sched_free(t->sched);
-    if (t->be != NULL) t->be->free(t->be);
-    if (t->stats != NULL) munmap(t->stats, sizeof(OmniStats));
-    tokenizer_free(t->tk);
-    if (t->m_loaded) model_free(&t->m);
-    frame_reader_free(&t->rd);
-    frame_writer_free(&t->wr);
+    runtime_free(&t->rt);
     free(t->toks);
     free(t->chat);
+    free(t);
+    s->ud = NULL;
 }
 
-
-/* ---- The loop ----------------------------------------------------------- */
-
-/* Serves until EOF (returns 0) or a fatal channel error (-1, err set). */
-static int serve(Thinker *t, Err *err) {
-    for (;;) {
-        size_t        pending = frame_writer_pending(&t->wr);
-        bool          backlog = pending > WRITE_HIGH;
-        struct pollfd p[2] = { { t->fd, POLLIN, 0 },
-                               { t->wq.efd, POLLIN, 0 } };
-        int           rc;
-
-        if (pending > 0) p[0].events |= POLLOUT;
-        rc = poll(p, t->wq_up ? 2 : 1,
-                  sched_idle(t->sched) || backlog ? STAGE_BEAT_MS : 0);
-        if (rc < 0 && errno != EINTR) {
-            return err_set(err, "poll: %s", strerror(errno));
-        }
-        beat(t);
-        if (rc > 0 && t->wq_up && (p[1].revents & POLLIN)) prep_done(t);
-        if (rc > 0 && (p[0].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
-            rc = read_frames(t, err);
-            if (rc != 0) return rc > 0 ? 0 : -1;
-        }
-        if (!backlog && !sched_idle(t->sched)) step(t);
-        if (t->nomem) return err_set(err, "out of memory queueing output");
-        if (frame_flush(&t->wr, t->fd) != 0) {
-            if (errno == EPIPE || errno == ECONNRESET) return 0;
-            return err_set(err, "writing to the frontend: %s",
-                           strerror(errno));
-        }
-    }
-}
-
-int thinker_main(const ServeConfig *cfg, int ipc_fd, int stats_fd, Err *err)
-{
-    Thinker t;
-    int     rc, fl;
-
-    memset(&t, 0, sizeof(t));
-    t.cfg = cfg;
-    t.fd = ipc_fd;
-    frame_reader_init(&t.rd, OMNI_DIR_STAGE);
-    frame_writer_init(&t.wr);
-    signal(SIGTERM, SIG_IGN);
-    signal(SIGINT, SIG_IGN);
-    signal(SIGPIPE, SIG_IGN);
-    fl = fcntl(ipc_fd, F_GETFL);
-    if (fl < 0 || fcntl(ipc_fd, F_SETFL, fl | O_NONBLOCK) != 0) {
-        err_set(err, "ipc fd %d: %s", ipc_fd, strerror(errno));
-        thinker_free(&t);
-        return -1;
-    }
-    rc = thinker_start(&t, stats_fd, err);
-    if (rc == 0) rc = serve(&t, err);
-    if (t.wq_up) {                      // what it prepared goes first
-        workq_stop(&t.wq);
-        prep_done(&t);
-        workq_free(&t.wq);
-    }
-    if (t.sched != NULL) {
-        sched_abort_all(t.sched, "the engine's thinker stage is stopping");
-        frame_flush(&t.wr, t.fd);
-    }
-    thinker_free(&t);
-    return rc;
-}
+const StageOps thinker_stage = {
+    .name = "thinker",
+    .start = thinker_start,
+    .submit = thinker_submit,
+    .cancel = thinker_cancel,
+    .idle = thinker_idle,
+    .step = thinker_step,
+    .wake = thinker_wake,
+    .stop = thinker_stop,
+};

@@ -1,0 +1,457 @@
+/* test_stage.c -- the stage skeleton (engine/stage/stage.c) without a
+ * model: a toy stage, one StageOps row, run by stage_main on a thread and
+ * driven over a socketpair the way the frontend drives a stage. Each job
+ * the toy takes needs three steps (STARTED, TEXT echoing its JSON, DONE);
+ * "fail" is refused at once with an ERROR whose message is too long for
+ * one frame; "wake" is answered from the wake fd's handler, not a step;
+ * "hold" is held, never stepped, until the stage stops.
+ * The statistics page is a memfd, as the frontend's. */
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "json_scan.h"
+#include "stage.h"
+
+#define TOY_JOBS 8
+
+typedef struct {
+    uint64_t id[TOY_JOBS];          // FIFO of jobs, head first
+    int      phase[TOY_JOBS];       // steps each has had
+    char     text[TOY_JOBS][32];    // its JSON, to echo
+    int      n;
+    int      efd;                   // the wake fd, owned
+    uint64_t woken;                 // the id "wake" asked for
+    uint64_t held;                  // the id "hold" asked for, 0: none
+    bool     stopped;               // stop ran
+} Toy;
+
+static Toy toy;                     // the toy's state (s->ud)
+
+static int toy_start(Stage *s, const ServeConfig *cfg, Err *err) {
+    memset(&toy, 0, sizeof(toy));
+    toy.efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (toy.efd < 0) return err_set(err, "eventfd: %s", strerror(errno));
+    s->ud = &toy;
+    s->wake_fd = toy.efd;
+    return stage_ready(s, "toy \"1\"\n", ",\"x\":1", err);
+}
+
+/* An ERROR message of n two-byte characters. Owned by the caller. */
+static char *long_message(size_t n) {
+    char *m = malloc(2 * n + 1);
+
+    assert_non_null(m);
+    for (size_t i = 0; i < n; i++) memcpy(m + 2 * i, "\xc3\xa9", 2);
+    m[2 * n] = '\0';
+    return m;
+}
+
+static void toy_submit(Stage *s, uint64_t id, const char *json, size_t len) {
+    Toy     *t = s->ud;
+    uint64_t one = 1;
+
+    if (len == 4 && memcmp(json, "fail", 4) == 0) {
+        char *m = long_message(OMNI_MAX_ERROR);
+
+        stage_error(s, id, 400, "invalid_request_error", "prompt", NULL, m);
+        free(m);
+    } else if (len == 4 && memcmp(json, "wake", 4) == 0) {
+        t->woken = id;
+        assert_int_equal(write(t->efd, &one, sizeof(one)), sizeof(one));
+    } else if (len == 4 && memcmp(json, "hold", 4) == 0) {
+        t->held = id;
+    } else {
+        assert_true(t->n < TOY_JOBS && len < sizeof(t->text[0]));
+        t->id[t->n] = id;
+        t->phase[t->n] = 0;
+        memcpy(t->text[t->n], json, len);
+        t->text[t->n][len] = '\0';
+        t->n++;
+    }
+}
+
+static void toy_drop(Toy *t, int i) {
+    memmove(&t->id[i], &t->id[i + 1], (size_t) (t->n - i - 1)
+            * sizeof(t->id[0]));
+    memmove(&t->phase[i], &t->phase[i + 1], (size_t) (t->n - i - 1)
+            * sizeof(t->phase[0]));
+    memmove(t->text[i], t->text[i + 1], (size_t) (t->n - i - 1)
+            * sizeof(t->text[0]));
+    t->n--;
+}
+
+static void toy_cancel(Stage *s, uint64_t id) {
+    Toy *t = s->ud;
+
+    for (int i = 0; i < t->n; i++) {
+        if (t->id[i] == id) toy_drop(t, i--);
+    }
+}
+
+static bool toy_idle(Stage *s) {
+    return ((Toy *) s->ud)->n == 0;
+}
+
+static void toy_step(Stage *s) {
+    Toy     *t = s->ud;
+    OmniDone d = { 1, 0, 2, OMNI_FINISH_STOP, 42 };
+
+    switch (t->phase[0]++) {
+    case 0:
+        stage_started(s, t->id[0]);
+        break;
+    case 1:
+        stage_event(s, t->id[0], OMNI_F_TEXT, t->text[0],
+                    strlen(t->text[0]));
+        break;
+    default:
+        stage_done(s, t->id[0], &d);
+        toy_drop(t, 0);
+    }
+}
+
+static void toy_wake(Stage *s) {
+    Toy     *t = s->ud;
+    uint64_t v;
+    OmniDone d = { 0, 0, 0, OMNI_FINISH_LENGTH, 7 };
+
+    assert_int_equal(read(t->efd, &v, sizeof(v)), sizeof(v));
+    stage_done(s, t->woken, &d);
+}
+
+static void toy_stop(Stage *s) {
+    Toy *t = s->ud;
+
+    if (t == NULL) return;
+    for (int i = 0; i < t->n; i++) {
+        stage_error(s, t->id[i], 503, "server_error", NULL,
+                    "engine_shutdown", "the toy stage is stopping");
+    }
+    t->n = 0;
+    if (t->held != 0) {
+        stage_error(s, t->held, 503, "server_error", NULL,
+                    "engine_shutdown", "the toy stage is stopping");
+    }
+    close(t->efd);
+    t->stopped = true;
+    s->ud = NULL;
+}
+
+static const StageOps toy_stage = {
+    .name = "toy",
+    .start = toy_start,
+    .submit = toy_submit,
+    .cancel = toy_cancel,
+    .idle = toy_idle,
+    .step = toy_step,
+    .wake = toy_wake,
+    .stop = toy_stop,
+};
+
+
+/* ---- The frontend's side ----------------------------------------------- */
+
+typedef struct {
+    int        sv[2];               // [0]: the frontend's, [1]: the stage's
+    int        stats_fd;            // memfd, or -1
+    OmniStats *stats;               // mapped, or NULL
+    pthread_t  th;
+    int        rc;                  // stage_main's
+    Err        err;
+} Rig;
+
+static void *run_stage(void *arg) {
+    Rig        *r = arg;
+    ServeConfig cfg = { .model_path = "toy" };
+
+    r->rc = stage_main(&toy_stage, &cfg, r->sv[1], r->stats_fd, &r->err);
+    return NULL;
+}
+
+/* A page as the frontend leaves it: counters kept from an earlier stage,
+ * gauges stale. */
+static void rig_start(Rig *r, bool with_stats) {
+    struct timeval tv = { 10, 0 };  // a stuck stage fails, not hangs
+
+    memset(r, 0, sizeof(*r));
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, r->sv), 0);
+    setsockopt(r->sv[0], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    r->stats_fd = -1;
+    if (with_stats) {
+        r->stats_fd = memfd_create("stats", MFD_CLOEXEC);
+        assert_true(r->stats_fd >= 0);
+        assert_int_equal(ftruncate(r->stats_fd, sizeof(OmniStats)), 0);
+        r->stats = mmap(NULL, sizeof(OmniStats), PROT_READ | PROT_WRITE,
+                        MAP_SHARED, r->stats_fd, 0);
+        assert_true(r->stats != MAP_FAILED);
+        r->stats->magic = STATS_MAGIC;
+        atomic_store(&r->stats->requests_running, 5);
+        atomic_store(&r->stats->step_max_us, 1000000000);
+        atomic_store(&r->stats->stage_restarts, 3);
+    }
+    assert_int_equal(pthread_create(&r->th, NULL, run_stage, r), 0);
+}
+
+/* EOF to the stage, then waits for stage_main's return. */
+static void rig_end(Rig *r) {
+    shutdown(r->sv[0], SHUT_WR);
+    pthread_join(r->th, NULL);
+    close(r->sv[0]);
+    close(r->sv[1]);
+    if (r->stats != NULL) munmap(r->stats, sizeof(OmniStats));
+    if (r->stats_fd >= 0) close(r->stats_fd);
+}
+
+static void read_all(int fd, uint8_t *p, size_t n) {
+    while (n > 0) {
+        ssize_t k = read(fd, p, n);
+
+        assert_true(k > 0);
+        p += k;
+        n -= (size_t) k;
+    }
+}
+
+/* The next frame from the stage: its type; payload into p (cap bytes). */
+static uint8_t next_frame(Rig *r, uint8_t *p, size_t cap, size_t *len) {
+    uint8_t      h[OMNI_FRAME_HDR];
+    OmniFrameHdr hdr;
+
+    read_all(r->sv[0], h, sizeof(h));
+    omni_hdr_decode(&hdr, h);
+    assert_true(hdr.len <= cap);
+    read_all(r->sv[0], p, hdr.len);
+    *len = hdr.len;
+    return hdr.type;
+}
+
+/* The next frame must be an EVENT for id wrapping a client frame of type;
+ * returns its payload (in buf) and length. */
+static const uint8_t *next_event(Rig *r, uint64_t id, uint8_t type,
+                                 uint8_t *buf, size_t cap, size_t *n)
+{
+    OmniFrameHdr inner;
+    size_t       len;
+
+    assert_int_equal(next_frame(r, buf, cap, &len), OMNI_F_STAGE_EVENT);
+    assert_true(len >= 8 + OMNI_FRAME_HDR);
+    assert_int_equal(omni_rd64(buf), id);
+    omni_hdr_decode(&inner, buf + 8);
+    assert_int_equal(inner.type, type);
+    assert_int_equal(inner.len, len - 8 - OMNI_FRAME_HDR);
+    *n = inner.len;
+    return buf + 8 + OMNI_FRAME_HDR;
+}
+
+static void expect_ready(Rig *r) {
+    static const char want[] = "{\"id\":\"toy \\\"1\\\"\\u000a\",\"x\":1}";
+    uint8_t           buf[256];
+    size_t            len;
+
+    assert_int_equal(next_frame(r, buf, sizeof(buf), &len),
+                     OMNI_F_STAGE_READY);
+    assert_int_equal(len, strlen(want));
+    assert_memory_equal(buf, want, len);
+}
+
+/* Queues SUBMIT (json, or CANCEL when json is NULL) for id into out. */
+static size_t put_frame(uint8_t *out, uint64_t id, const char *json) {
+    size_t n = json != NULL ? strlen(json) : 0;
+
+    omni_hdr_encode(out, json != NULL ? OMNI_F_STAGE_SUBMIT
+                                      : OMNI_F_STAGE_CANCEL, (uint32_t) (8 + n));
+    omni_wr64(out + OMNI_FRAME_HDR, id);
+    if (n > 0) memcpy(out + OMNI_FRAME_HDR + 8, json, n);
+    return OMNI_FRAME_HDR + 8 + n;
+}
+
+static void send_bytes(Rig *r, const uint8_t *p, size_t n) {
+    assert_int_equal(write(r->sv[0], p, n), (ssize_t) n);
+}
+
+/* A job's three events, in order. */
+static void expect_job(Rig *r, uint64_t id, const char *text) {
+    uint8_t        buf[256];
+    size_t         len;
+    const uint8_t *p;
+    OmniDone       d;
+
+    assert_int_equal(next_frame(r, buf, sizeof(buf), &len),
+                     OMNI_F_STAGE_STARTED);
+    assert_int_equal(len, 8);
+    assert_int_equal(omni_rd64(buf), id);
+    p = next_event(r, id, OMNI_F_TEXT, buf, sizeof(buf), &len);
+    assert_int_equal(len, strlen(text));
+    assert_memory_equal(p, text, len);
+    p = next_event(r, id, OMNI_F_DONE, buf, sizeof(buf), &len);
+    assert_int_equal(len, OMNI_DONE_LEN);
+    assert_int_equal(omni_done_decode(&d, p), 0);
+    assert_int_equal(d.completion_tokens, 2);
+    assert_int_equal(d.seed, 42);
+}
+
+
+/* ---- Tests ------------------------------------------------------------- */
+
+/* READY, then a SUBMIT's events in order; EOF ends the stage cleanly; the
+ * page holds the heartbeat and the stage's pid, its gauges reset, its
+ * counters kept. */
+static void test_submit_events_eof(void **state) {
+    Rig     r;
+    uint8_t out[64];
+
+    rig_start(&r, true);
+    expect_ready(&r);
+    send_bytes(&r, out, put_frame(out, 7, "hello"));
+    expect_job(&r, 7, "hello");
+    rig_end(&r);
+    assert_int_equal(r.rc, 0);
+    assert_true(toy.stopped);
+}
+
+static void test_stats_page(void **state) {
+    Rig     r;
+    uint8_t out[64];
+    int64_t before = stage_clock_us();
+
+    rig_start(&r, true);
+    expect_ready(&r);
+    assert_true(atomic_load(&r.stats->heartbeat_us) >= before);
+    assert_int_equal(atomic_load(&r.stats->stage_pid), getpid());
+    assert_int_equal(atomic_load(&r.stats->requests_running), 0);
+    assert_int_equal(atomic_load(&r.stats->stage_restarts), 3);
+    send_bytes(&r, out, put_frame(out, 1, "x"));
+    expect_job(&r, 1, "x");
+    // three steps ran, each timed: none as long as the stale 1000 s
+    assert_true(atomic_load(&r.stats->step_max_us) < 1000000000);
+    assert_int_equal(atomic_load(&r.stats->step_start_us), 0);
+    before = stage_clock_us();
+    usleep(3 * STAGE_BEAT_MS * 1000);
+    // idle, the loop still beats
+    assert_true(atomic_load(&r.stats->heartbeat_us) > before);
+    rig_end(&r);
+    assert_int_equal(r.rc, 0);
+}
+
+/* Frames read together are handled before a step: the cancelled job never
+ * runs. A job still held at EOF ends with the stop's ERROR. */
+static void test_cancel_and_stop(void **state) {
+    Rig            r;
+    uint8_t        out[256], buf[256];
+    size_t         n = 0, len;
+    const uint8_t *p;
+    OmniError      e = { 0 };
+
+    rig_start(&r, false);
+    expect_ready(&r);
+    n += put_frame(out + n, 1, "one");
+    n += put_frame(out + n, 3, "hold");
+    n += put_frame(out + n, 2, "two");
+    n += put_frame(out + n, 1, NULL);
+    send_bytes(&r, out, n);
+    expect_job(&r, 2, "two");
+    shutdown(r.sv[0], SHUT_WR);
+    p = next_event(&r, 3, OMNI_F_ERROR, buf, sizeof(buf), &len);
+    assert_int_equal(omni_error_decode(&e, p, len), 0);
+    assert_int_equal(e.status, 503);
+    assert_int_equal(e.code_len, strlen("engine_shutdown"));
+    assert_memory_equal(e.code, "engine_shutdown", e.code_len);
+    pthread_join(r.th, NULL);
+    // and nothing after it
+    assert_int_equal(recv(r.sv[0], buf, 1, MSG_DONTWAIT), -1);
+    assert_int_equal(errno, EAGAIN);
+    close(r.sv[0]);
+    close(r.sv[1]);
+    assert_int_equal(r.rc, 0);
+    assert_true(toy.stopped);
+}
+
+/* An ERROR too long for one frame is cut between characters. */
+static void test_error_cut(void **state) {
+    static uint8_t buf[OMNI_MAX_ERROR + 64];
+    Rig            r;
+    uint8_t        out[64];
+    size_t         len;
+    const uint8_t *p;
+    OmniError      e = { 0 };
+
+    rig_start(&r, false);
+    expect_ready(&r);
+    send_bytes(&r, out, put_frame(out, 9, "fail"));
+    p = next_event(&r, 9, OMNI_F_ERROR, buf, sizeof(buf), &len);
+    assert_true(len <= OMNI_MAX_ERROR);
+    assert_int_equal(omni_error_decode(&e, p, len), 0);
+    assert_int_equal(e.status, 400);
+    assert_int_equal(e.param_len, 6);
+    assert_int_equal(e.code_len, 0);
+    assert_true(e.message_len > OMNI_MAX_ERROR - 64);
+    assert_int_equal(e.message_len % 2, 0);   // whole characters only
+    assert_int_equal(omni_utf8_cut(e.message, e.message_len), e.message_len);
+    assert_memory_equal(e.message + e.message_len - 2, "\xc3\xa9", 2);
+    rig_end(&r);
+    assert_int_equal(r.rc, 0);
+}
+
+/* The stage's wake fd is polled and its handler's events go out. */
+static void test_wake_fd(void **state) {
+    uint8_t        out[64], buf[64];
+    Rig            r;
+    size_t         len;
+    const uint8_t *p;
+    OmniDone       d;
+
+    rig_start(&r, false);
+    expect_ready(&r);
+    send_bytes(&r, out, put_frame(out, 11, "wake"));
+    p = next_event(&r, 11, OMNI_F_DONE, buf, sizeof(buf), &len);
+    assert_int_equal(omni_done_decode(&d, p), 0);
+    assert_int_equal(d.seed, 7);
+    rig_end(&r);
+    assert_int_equal(r.rc, 0);
+}
+
+/* A frame without a request id is the frontend's bug: the stage ends with
+ * an error naming it, and still stops. */
+static void test_protocol_error(void **state) {
+    Rig     r;
+    uint8_t out[OMNI_FRAME_HDR + 4] = { 0 };
+
+    rig_start(&r, false);
+    expect_ready(&r);
+    omni_hdr_encode(out, OMNI_F_STAGE_SUBMIT, 4);
+    send_bytes(&r, out, sizeof(out));
+    pthread_join(r.th, NULL);
+    assert_int_equal(r.rc, -1);
+    assert_string_equal(r.err.msg, "frontend sent a stage frame of 4 bytes, "
+                        "without a request id");
+    assert_true(toy.stopped);
+    close(r.sv[0]);
+    close(r.sv[1]);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_submit_events_eof),
+        cmocka_unit_test(test_stats_page),
+        cmocka_unit_test(test_cancel_and_stop),
+        cmocka_unit_test(test_error_cut),
+        cmocka_unit_test(test_wake_fd),
+        cmocka_unit_test(test_protocol_error),
+    };
+
+    cmocka_set_message_output(CM_OUTPUT_TAP);
+    return cmocka_run_group_tests_name("stage", tests, NULL, NULL);
+}
