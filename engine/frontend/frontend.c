@@ -34,8 +34,8 @@
  * rather than allowed to grow our memory.
  *
  * Each stage in the table (stages.c; one row per kind of stage, the
- * thinker alone today) gets the requests stages_route sends it, and
- * lives on its own: DOWN (no process; restart_at) -> LOADING (started) -> READY
+ * thinker alone today) gets the requests stages_route sends it, and lives
+ * on its own: DOWN (no process; restart_at) -> LOADING (started) -> READY
  * -> GONE (its channel hit EOF, the process is not reaped yet) -> DOWN.
  * Requests in flight are failed when the process is reaped, not at EOF:
  * EOF usually comes first, and the error should say how the stage ended.
@@ -47,8 +47,9 @@
  * new requests refused, the requests it holds wait), and it is ready again
  * as soon as it beats; silent for cfg->stage_kill_s it is killed (SIGKILL)
  * and handled as any stage that died: its requests (those routed to it,
- * no others) get 503 stage_failed and it is restarted. The check costs no wakeup while the stage beats:
- * the next deadline is the last beat plus the threshold.
+ * no others) get 503 stage_failed and it is restarted. The check costs no
+ * wakeup while the stage beats: the next deadline is the last beat plus
+ * the threshold.
  *
  * A request whose prompt cannot fit the context by the thinker's prompt
  * bound (stage_channel.h; READY announces it) is refused here, after the parse,
@@ -192,7 +193,7 @@ static void reply_metrics(Frontend *fe, Conn *c) {
         ms[i].stats = s->sp.stats;
         ms[i].ready = stages_live(fe, s);
         ms[i].heartbeat_age = s->st == STAGE_READY
-                              ? stages_silence(fe, s, t, NULL) : 0;
+                              ? stages_silence(s, t, NULL) : 0;
         ms[i].rss = s->sp.pid > 0 ? metrics_rss(s->sp.pid) : -1;
     }
     g.model = fe_model(fe)->model_id;
@@ -370,7 +371,7 @@ static void run_timers(Frontend *fe) {
         && t >= fe->stop_kill_at)
     {
         for (int i = 0; i < STAGES_N; i++) {
-            stages_kill(fe, &fe->stages[i],
+            stages_kill(&fe->stages[i],
                         "did not exit after its channel closed");
         }
         fe->stop_kill_at = INFINITY;

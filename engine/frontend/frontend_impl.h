@@ -261,13 +261,12 @@ void   stages_send(Frontend *fe, Stage *s, uint8_t type, uint64_t id,
 void   stages_read(Frontend *fe, Stage *s);
 void   stages_flush(Frontend *fe, Stage *s);
 void   stages_start(Frontend *fe, Stage *s);
-void   stages_kill(Frontend *fe, Stage *s, const char *why);
+void   stages_kill(Stage *s, const char *why);
 void   stages_reap(Frontend *fe);
 void   stages_stop(Frontend *fe);
 bool   stages_running(const Frontend *fe);
 bool   stages_live(const Frontend *fe, const Stage *s);
-double stages_silence(const Frontend *fe, const Stage *s, double now,
-                      double *in_step);
+double stages_silence(const Stage *s, double now, double *in_step);
 int    stages_health(const Frontend *fe, const Stage *s, char *why,
                      size_t cap);
 double stages_deadline(const Frontend *fe);

@@ -204,10 +204,7 @@ void stages_stop(Frontend *fe) {
  * Silence counts from the stage's last heartbeat, or from its READY when
  * it has not beaten since (sup_silence). */
 
-double stages_silence(const Frontend *fe, const Stage *s, double now,
-                      double *in_step)
-{
-    (void) fe;
+double stages_silence(const Stage *s, double now, double *in_step) {
     return sup_silence(&s->sp, s->ready_at, now, in_step);
 }
 
@@ -215,7 +212,7 @@ double stages_silence(const Frontend *fe, const Stage *s, double now,
  * from the page at the moment of asking, whatever the timers saw. */
 bool stages_live(const Frontend *fe, const Stage *s) {
     return s->st == STAGE_READY && !s->hang_killed
-           && stages_silence(fe, s, clock_now_s(), NULL)
+           && stages_silence(s, clock_now_s(), NULL)
               < fe->cfg->stage_unready_s;
 }
 
@@ -223,7 +220,7 @@ bool stages_live(const Frontend *fe, const Stage *s) {
 static void silence_reason(const Frontend *fe, const Stage *s, char *why,
                            size_t cap)
 {
-    double in_step, silence = stages_silence(fe, s, clock_now_s(), &in_step);
+    double in_step, silence = stages_silence(s, clock_now_s(), &in_step);
     char   step[64] = "", kill[96];
 
     if (in_step >= 0) {
@@ -275,8 +272,7 @@ int stages_health(const Frontend *fe, const Stage *s, char *why, size_t cap)
 
 /* ---- Frames from a stage ------------------------------------------------ */
 
-void stages_kill(Frontend *fe, Stage *s, const char *why) {
-    (void) fe;
+void stages_kill(Stage *s, const char *why) {
     if (s->sp.pid <= 0) return;
     log_msg(LOG_ERROR, "%s stage (pid %d) %s; killing it", s->kind->name,
             (int) s->sp.pid, why);
@@ -336,13 +332,13 @@ static void on_event(Frontend *fe, Stage *s, const uint8_t *p, size_t len) {
     uint64_t     id;
 
     if (len < 8 + OMNI_FRAME_HDR) {
-        stages_kill(fe, s, "sent a truncated EVENT");
+        stages_kill(s, "sent a truncated EVENT");
         return;
     }
     id = omni_rd64(p);
     omni_hdr_decode(&h, p + 8);
     if (!event_valid(&h, p + 16, len - 16)) {
-        stages_kill(fe, s, "sent an invalid event");
+        stages_kill(s, "sent an invalid event");
         return;
     }
     c = conn_find(fe, id);
@@ -423,7 +419,7 @@ static void stage_frame(Frontend *fe, Stage *s) {
     case OMNI_F_STAGE_STARTED: on_started(fe, s, p, len); break;
     case OMNI_F_STAGE_EVENT:   on_event(fe, s, p, len);   break;
     default:
-        stages_kill(fe, s, "sent an unexpected frame type");
+        stages_kill(s, "sent an unexpected frame type");
     }
 }
 
@@ -441,9 +437,8 @@ void stages_read(Frontend *fe, Stage *s) {
             continue;
         }
         if (st == FRAME_BAD || st == FRAME_NOMEM) {
-            stages_kill(fe, s, st == FRAME_BAD
-                               ? s->rd.error
-                               : "sent a frame too large to hold");
+            stages_kill(s, st == FRAME_BAD ? s->rd.error
+                                           : "sent a frame too large to hold");
             channel_closed(fe, s);
         } else if (eof) {
             channel_closed(fe, s);
@@ -542,7 +537,7 @@ static double stage_watch(Frontend *fe, Stage *s, double now) {
     char               why[96];
 
     if (s->st != STAGE_READY || s->hang_killed) return INFINITY;
-    silence = stages_silence(fe, s, now, &in_step);
+    silence = stages_silence(s, now, &in_step);
     if (silence < cfg->stage_unready_s) {
         if (s->silent) {
             log_msg(LOG_INFO, "%s stage (pid %d) is beating again; ready",
@@ -566,7 +561,7 @@ static double stage_watch(Frontend *fe, Stage *s, double now) {
                                   memory_order_relaxed);
         snprintf(why, sizeof(why), "has been silent for %.1f s%s", silence,
                  in_step >= 0 ? " in one step" : "");
-        stages_kill(fe, s, why);
+        stages_kill(s, why);
         return INFINITY;
     }
     return now + STAGE_BEAT_MS / 1e3;
@@ -605,7 +600,7 @@ void stages_timers(Frontend *fe, double now) {
             s->watch_at = stage_watch(fe, s, now);
         }
         if (s->st == STAGE_GONE && now >= s->gone_kill_at) {
-            stages_kill(fe, s, "closed its channel but did not exit");
+            stages_kill(s, "closed its channel but did not exit");
             s->gone_kill_at = INFINITY;
         }
     }
