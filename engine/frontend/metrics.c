@@ -208,21 +208,18 @@ static void label_value(TextBuf *b, const char *s) {
 
 #define LOAD(f) atomic_load_explicit(&stats->f, memory_order_relaxed)
 
-static void render_stage(TextBuf *b, const OmniStats *stats) {
+void metrics_thinker(TextBuf *b, const OmniStats *stats) {
     int64_t total = LOAD(thinker.kv_blocks_total);
     int64_t used = LOAD(thinker.kv_blocks_used);
 
-    gauge(b, "num_requests_running", "Requests admitted to the batch "
-          "(including preempted ones).", (double) LOAD(requests_running));
-    gauge(b, "num_requests_waiting", "Requests queued, not yet admitted.",
-          (double) LOAD(requests_waiting));
     gauge(b, "kv_cache_usage_perc", "Fraction of KV cache blocks in use by "
           "sequences (1 = full).", total > 0 ? (double) used / total : 0);
     head(b, "kv_cache_blocks", "gauge", "KV cache blocks by state.");
     tb_printf(b, PFX "kv_cache_blocks{state=\"free\"} %" PRId64 "\n"
               PFX "kv_cache_blocks{state=\"used\"} %" PRId64 "\n"
               PFX "kv_cache_blocks{state=\"cached\"} %" PRId64 "\n",
-              LOAD(thinker.kv_blocks_free), used, LOAD(thinker.kv_blocks_cached));
+              LOAD(thinker.kv_blocks_free), used,
+              LOAD(thinker.kv_blocks_cached));
     counter(b, "prefix_cache_queries_total", "Prompt tokens looked up in the "
             "prefix cache.", LOAD(thinker.prefix_cache_queries));
     counter(b, "prefix_cache_hits_total", "Prompt tokens found in the prefix "
@@ -237,13 +234,42 @@ static void render_stage(TextBuf *b, const OmniStats *stats) {
             LOAD(thinker.steps));
     counter(b, "step_tokens_total", "Tokens run in those forward passes.",
             LOAD(thinker.step_tokens));
-    counter(b, "stage_restarts_total", "Times the thinker stage was "
-            "restarted after it exited.", LOAD(stage_restarts));
-    counter(b, "stage_hang_kills_total", "Times the thinker stage was "
-            "killed for going without a heartbeat for --stage-kill-after.",
-            LOAD(stage_hang_kills));
-    gauge(b, "stage_longest_step_seconds", "The longest scheduler step of "
-          "the running thinker stage.", LOAD(step_max_us) / 1e6);
+}
+
+/* A stage's page: the queue gauges every stage has, its own part, then
+ * its restarts and steps. */
+static void render_stage(TextBuf *b, const MetricsStage *s) {
+    const OmniStats *stats = s->stats;
+    char             help[160];
+
+    gauge(b, "num_requests_running", "Requests admitted to the batch "
+          "(including preempted ones).", (double) LOAD(requests_running));
+    gauge(b, "num_requests_waiting", "Requests queued, not yet admitted.",
+          (double) LOAD(requests_waiting));
+    s->render(b, stats);
+    snprintf(help, sizeof(help), "Times the %s stage was restarted after "
+             "it exited.", s->name);
+    counter(b, "stage_restarts_total", help, LOAD(stage_restarts));
+    snprintf(help, sizeof(help), "Times the %s stage was killed for going "
+             "without a heartbeat for --stage-kill-after.", s->name);
+    counter(b, "stage_hang_kills_total", help, LOAD(stage_hang_kills));
+    snprintf(help, sizeof(help), "The longest scheduler step of the running "
+             "%s stage.", s->name);
+    gauge(b, "stage_longest_step_seconds", help, LOAD(step_max_us) / 1e6);
+}
+
+#undef LOAD
+
+/* A stage's liveness, as the frontend sees it. */
+static void render_liveness(TextBuf *b, const MetricsStage *s) {
+    char help[160];
+
+    snprintf(help, sizeof(help), "1 when the %s stage is loaded and "
+             "serving, and its heartbeat is recent.", s->name);
+    gauge(b, "stage_ready", help, s->ready ? 1 : 0);
+    snprintf(help, sizeof(help), "Time since the ready %s stage's last "
+             "heartbeat (0 when it is not ready).", s->name);
+    gauge(b, "stage_heartbeat_age_seconds", help, s->heartbeat_age);
 }
 
 static void render_outcomes(TextBuf *b, const Metrics *m) {
@@ -272,8 +298,7 @@ static void render_outcomes(TextBuf *b, const Metrics *m) {
               "scheduled.", &m->queue);
 }
 
-void metrics_render(TextBuf *out, const Metrics *m, const OmniStats *stats,
-                    const MetricsGauges *g)
+void metrics_render(TextBuf *out, const Metrics *m, const MetricsGauges *g)
 {
     head(out, "info", "gauge", "The served model and the kernel set the "
          "thinker chose (1).");
@@ -282,13 +307,13 @@ void metrics_render(TextBuf *out, const Metrics *m, const OmniStats *stats,
     tb_printf(out, "\",kernels=\"");
     label_value(out, g->kernels);
     tb_printf(out, "\"} 1\n");
-    if (stats != NULL) render_stage(out, stats);
+    for (int i = 0; i < g->n_stages; i++) {
+        if (g->stages[i].stats != NULL) render_stage(out, &g->stages[i]);
+    }
     render_outcomes(out, m);
-    gauge(out, "stage_ready", "1 when the thinker stage is loaded and "
-          "serving, and its heartbeat is recent.", g->stage_ready ? 1 : 0);
-    gauge(out, "stage_heartbeat_age_seconds", "Time since the ready "
-          "thinker stage's last heartbeat (0 when it is not ready).",
-          g->heartbeat_age);
+    for (int i = 0; i < g->n_stages; i++) {
+        render_liveness(out, &g->stages[i]);
+    }
     gauge(out, "connections", "Open client connections.",
           (double) g->connections);
     head(out, "resident_memory_bytes", "gauge", "Resident memory by "
@@ -297,8 +322,10 @@ void metrics_render(TextBuf *out, const Metrics *m, const OmniStats *stats,
         tb_printf(out, PFX "resident_memory_bytes{process=\"frontend\"} %"
                   PRId64 "\n", g->rss_frontend);
     }
-    if (g->rss_thinker >= 0) {
-        tb_printf(out, PFX "resident_memory_bytes{process=\"thinker\"} %"
-                  PRId64 "\n", g->rss_thinker);
+    for (int i = 0; i < g->n_stages; i++) {
+        if (g->stages[i].rss < 0) continue;
+        tb_printf(out, PFX "resident_memory_bytes{process=\"");
+        label_value(out, g->stages[i].name);
+        tb_printf(out, "\"} %" PRId64 "\n", g->stages[i].rss);
     }
 }

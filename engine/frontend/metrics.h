@@ -84,17 +84,34 @@ typedef struct {
     Hist       queue;               // SUBMIT -> the stage's STARTED
 } Metrics;
 
+/* Renders a kind of stage's own part of the page (its member of the
+ * union): the thinker's KV cache, prefix cache and tokens. */
+typedef void MetricsRenderFn(TextBuf *b, const OmniStats *stats);
+
+/* The thinker's. */
+void metrics_thinker(TextBuf *b, const OmniStats *stats);
+
+/* One stage, sampled at render time. */
+typedef struct {
+    const char      *name;          // "thinker": named in help texts and
+                                    //   the process label, borrowed
+    MetricsRenderFn *render;        // its own part of the page
+    const OmniStats *stats;         // its page, NULL: none yet
+    bool             ready;         // READY and beating
+    double           heartbeat_age; // seconds since its last heartbeat; 0
+                                    //   when not READY
+    int64_t          rss;           // bytes, -1 when unknown (no process)
+} MetricsStage;
+
 /* Values sampled at render time. */
 typedef struct {
-    const char *model;              // served model id
-    const char *kernels;            // the thinker's kernel set, "" until
+    const char         *model;      // served model id
+    const char         *kernels;    // the thinker's kernel set, "" until
                                     //   its first READY
-    bool    stage_ready;            // READY and beating
-    double  heartbeat_age;          // seconds since the stage's last
-                                    //   heartbeat; 0 when not READY
-    int64_t connections;            // open client connections
-    int64_t rss_frontend;           // bytes, -1 when unknown
-    int64_t rss_thinker;            // bytes, -1 when unknown (no stage)
+    const MetricsStage *stages;     // (n_stages,) borrowed
+    int                 n_stages;
+    int64_t             connections;    // open client connections
+    int64_t             rss_frontend;   // bytes, -1 when unknown
 } MetricsGauges;
 
 /* Zeroes m and sets the histograms' buckets. Can't fail. */
@@ -105,10 +122,13 @@ void    metrics_init(Metrics *m);
 void    metrics_error(Metrics *m, int status, const char *code,
                       size_t code_len);
 
-/* Appends the whole exposition to out. stats may be NULL (no page yet).
+/* Appends the whole exposition to out: the model, each stage's page (the
+ * part every stage has, then its own through its render), the frontend's
+ * counters, then each stage's liveness and memory. With one stage the
+ * stage metrics carry no label; a second stage of the same family needs
+ * one (a stage="NAME" label), which changes the exposition's lines.
  * Check out->oom afterwards. */
-void    metrics_render(TextBuf *out, const Metrics *m, const OmniStats *stats,
-                       const MetricsGauges *g);
+void    metrics_render(TextBuf *out, const Metrics *m, const MetricsGauges *g);
 
 /* Resident set size of a process from /proc/<pid>/statm; pid 0 means this
  * process. Returns bytes, or -1 when it cannot be read. */

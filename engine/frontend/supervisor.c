@@ -27,8 +27,8 @@
 
 #define ARGV_FIXED 7            // omni-engine stage KIND --ipc-fd 3 ...
 
-int sup_init(StageProc *sp, const char *kind, int argc, char **argv,
-             Err *err)
+int sup_init(StageProc *sp, const char *kind, SupResetFn *reset, int argc,
+             char **argv, Err *err)
 {
     static char *fixed[ARGV_FIXED] = {
         "omni-engine", "stage", NULL, "--ipc-fd", "3", "--stats-fd", "4"
@@ -36,6 +36,7 @@ int sup_init(StageProc *sp, const char *kind, int argc, char **argv,
 
     memset(sp, 0, sizeof(*sp));
     sp->kind = kind;
+    sp->reset = reset;
     sp->fd = sp->err_fd = -1;
     sp->backoff_ms = SUP_BACKOFF_MIN_MS;
     sp->stats = MAP_FAILED;
@@ -136,17 +137,28 @@ void sup_close_channel(StageProc *sp) {
     sp->fd = -1;
 }
 
-static void reset_gauges(OmniStats *st) {
-    atomic_store_explicit(&st->requests_running, 0, memory_order_relaxed);
-    atomic_store_explicit(&st->requests_waiting, 0, memory_order_relaxed);
-    atomic_store_explicit(&st->thinker.kv_blocks_used, 0, memory_order_relaxed);
-    atomic_store_explicit(&st->thinker.kv_blocks_cached, 0, memory_order_relaxed);
-    atomic_store_explicit(&st->thinker.kv_blocks_free, 0, memory_order_relaxed);
-    atomic_store_explicit(&st->thinker.kv_blocks_total, 0, memory_order_relaxed);
-    atomic_store_explicit(&st->stage_pid, 0, memory_order_relaxed);
-    atomic_store_explicit(&st->heartbeat_us, 0, memory_order_relaxed);
-    atomic_store_explicit(&st->step_start_us, 0, memory_order_relaxed);
+#define ZERO(f) atomic_store_explicit(&(f), 0, memory_order_relaxed)
+
+/* The gauges every stage has; the kind's own go through sp->reset. */
+static void reset_gauges(StageProc *sp) {
+    OmniStats *st = sp->stats;
+
+    ZERO(st->requests_running);
+    ZERO(st->requests_waiting);
+    ZERO(st->stage_pid);
+    ZERO(st->heartbeat_us);
+    ZERO(st->step_start_us);
+    sp->reset(st);
 }
+
+void sup_reset_thinker(OmniStats *st) {
+    ZERO(st->thinker.kv_blocks_used);
+    ZERO(st->thinker.kv_blocks_cached);
+    ZERO(st->thinker.kv_blocks_free);
+    ZERO(st->thinker.kv_blocks_total);
+}
+
+#undef ZERO
 
 bool sup_reap(StageProc *sp) {
     int   status;
@@ -168,7 +180,7 @@ bool sup_reap(StageProc *sp) {
                  WEXITSTATUS(status));
     }
     sp->pid = 0;
-    reset_gauges(sp->stats);
+    reset_gauges(sp);
     return true;
 }
 

@@ -21,8 +21,16 @@
 #define SUP_BACKOFF_MAX_MS  5000    // doubling stops here
 #define SUP_STABLE_S        30.0    // ready this long: backoff resets
 
+/* Zeroes a kind of stage's own gauges in the page (its member of the
+ * union), as sup_reap does the gauges every stage has. Can't fail. */
+typedef void SupResetFn(OmniStats *st);
+
+/* The thinker's: its KV block gauges. */
+void sup_reset_thinker(OmniStats *st);
+
 typedef struct {
     const char *kind;               // "thinker", borrowed (static)
+    SupResetFn *reset;              // the kind's own gauges
     char      **argv;               // exec argv, NULL-terminated; the
                                     //   array owned, strings borrowed
     int         stats_fd;           // memfd with one OmniStats, owned
@@ -44,9 +52,10 @@ typedef struct {
 /* Creates the statistics page (memfd, mapped shared, magic set) and the
  * argv a start will exec:
  *   omni-engine stage <kind> --ipc-fd 3 --stats-fd 4 <argv[0..argc)>
- * argv is borrowed and must outlive sp. Returns 0, or -1 with err set. */
-int  sup_init(StageProc *sp, const char *kind, int argc, char **argv,
-              Err *err);
+ * kind and argv are borrowed and must outlive sp; reset zeroes the kind's
+ * own gauges when a process is reaped. Returns 0, or -1 with err set. */
+int  sup_init(StageProc *sp, const char *kind, SupResetFn *reset, int argc,
+              char **argv, Err *err);
 
 /* Unmaps and closes what sup_init made, and any descriptor still open.
  * The process must have been reaped first (pid == 0). */
@@ -63,8 +72,9 @@ int  sup_start(StageProc *sp, Err *err);
 void sup_close_channel(StageProc *sp);
 
 /* Collects the process if it has ended, without blocking. Returns true
- * when it has: exit_desc tells how, pid is 0, and the page's gauges are
- * zeroed (no stage is there to update them). */
+ * when it has: exit_desc tells how, pid is 0, and the page's gauges, every
+ * stage's and the kind's own (reset), are zeroed (no stage is there to
+ * update them). */
 bool sup_reap(StageProc *sp);
 
 /* Reads what is waiting on err_fd, copies it to our stderr and remembers
