@@ -36,7 +36,7 @@
 static ngx_int_t ngx_http_omni_handler(ngx_http_request_t *r);
 static ngx_http_omni_ctx_t *ngx_http_omni_create_ctx(ngx_http_request_t *r,
     ngx_http_omni_loc_conf_t *olcf);
-static ngx_int_t ngx_http_omni_check(ngx_http_request_t *r,
+static ngx_int_t ngx_http_omni_check_request(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, ngx_http_omni_loc_conf_t *olcf,
     ngx_http_omni_error_t *err);
 static ngx_int_t ngx_http_omni_auth(ngx_http_request_t *r,
@@ -123,14 +123,14 @@ static ngx_command_t  ngx_http_omni_commands[] = {
       NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
       ngx_http_omni_endpoint_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
-      NGX_HTTP_OMNI_HEALTH,
+      0,
       NULL },
 
     { ngx_string("omni_metrics"),
       NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
       ngx_http_omni_endpoint_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
-      NGX_HTTP_OMNI_METRICS,
+      0,
       NULL },
 
       ngx_null_command
@@ -171,6 +171,68 @@ ngx_module_t  ngx_http_omni_module = {
 static ngx_str_t  ngx_http_omni_request_id = ngx_string("request_id");
 
 
+/*
+ * The endpoints: a URI's path after "/v1/" or a directive names the row,
+ * and the row says everything else. The order is that of the metrics'
+ * series; the last series, "unknown", is for URIs that name none.
+ */
+
+ngx_http_omni_endpoint_t  ngx_http_omni_endpoints[NGX_HTTP_OMNI_ENDPOINTS] = {
+
+    { ngx_string("chat/completions"), ngx_null_string,
+      ngx_string("chat_completions"),
+      NGX_HTTP_POST, ngx_string("POST"),
+      NGX_HTTP_OMNI_KIND_CHAT, ngx_http_omni_parse,
+      OMNI_F_REQUEST, 0, NULL, NULL,
+      ngx_string("chatcmpl-"), 0 },
+
+    { ngx_string("completions"), ngx_null_string,
+      ngx_string("completions"),
+      NGX_HTTP_POST, ngx_string("POST"),
+      NGX_HTTP_OMNI_KIND_COMPLETION, ngx_http_omni_parse,
+      OMNI_F_REQUEST, 0, NULL, NULL,
+      ngx_string("cmpl-"), 0 },
+
+    { ngx_string("models"), ngx_null_string,
+      ngx_string("models"),
+      NGX_HTTP_GET|NGX_HTTP_HEAD, ngx_string("GET, HEAD"),
+      NGX_HTTP_OMNI_KIND_NONE, NULL,
+      OMNI_F_MODELS, OMNI_F_MODELS_R, ngx_http_omni_models_reply, NULL,
+      ngx_null_string, 0 },
+
+    { ngx_string("models/"), ngx_null_string,
+      ngx_string("model"),
+      NGX_HTTP_GET|NGX_HTTP_HEAD, ngx_string("GET, HEAD"),
+      NGX_HTTP_OMNI_KIND_NONE, NULL,
+      OMNI_F_MODELS, OMNI_F_MODELS_R, ngx_http_omni_models_reply, NULL,
+      ngx_null_string, 0 },
+
+    { ngx_null_string, ngx_string("omni_health"),
+      ngx_string("health"),
+      NGX_HTTP_GET|NGX_HTTP_HEAD, ngx_string("GET, HEAD"),
+      NGX_HTTP_OMNI_KIND_NONE, NULL,
+      OMNI_F_HEALTH, OMNI_F_HEALTH_R, ngx_http_omni_health_reply,
+      ngx_http_omni_health_page,
+      ngx_null_string, 1 },
+
+    { ngx_null_string, ngx_string("omni_metrics"),
+      ngx_string("metrics"),
+      NGX_HTTP_GET|NGX_HTTP_HEAD, ngx_string("GET, HEAD"),
+      NGX_HTTP_OMNI_KIND_NONE, NULL,
+      OMNI_F_METRICS, OMNI_F_METRICS_R, ngx_http_omni_metrics_reply,
+      ngx_http_omni_metrics_page,
+      ngx_null_string, 1 },
+
+    /* not built yet: answered 501 once the key is checked */
+    { ngx_string("audio/speech"), ngx_null_string,
+      ngx_string("audio_speech"),
+      NGX_HTTP_POST, ngx_string("POST"),
+      NGX_HTTP_OMNI_KIND_NONE, NULL,
+      0, 0, NULL, NULL,
+      ngx_null_string, 0 }
+};
+
+
 static ngx_int_t
 ngx_http_omni_handler(ngx_http_request_t *r)
 {
@@ -188,7 +250,7 @@ ngx_http_omni_handler(ngx_http_request_t *r)
 
     ngx_memzero(&err, sizeof(ngx_http_omni_error_t));
 
-    rc = ngx_http_omni_check(r, ctx, olcf, &err);
+    rc = ngx_http_omni_check_request(r, ctx, olcf, &err);
 
     if (rc == NGX_ERROR) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
@@ -207,9 +269,7 @@ ngx_http_omni_handler(ngx_http_request_t *r)
         return ngx_http_omni_send_error(r, &err);
     }
 
-    if (ctx->endpoint == NGX_HTTP_OMNI_CHAT
-        || ctx->endpoint == NGX_HTTP_OMNI_COMPLETIONS)
-    {
+    if (ctx->endpoint->parse) {
         r->request_body_in_single_buf = 1;
 
         rc = ngx_http_read_client_request_body(r,
@@ -285,22 +345,21 @@ ngx_http_omni_create_ctx(ngx_http_request_t *r,
     ctx->request_id.len = vv->len;
     ctx->request_id.data = vv->data;
 
+    if (ctx->endpoint == NULL || ctx->endpoint->id_prefix.len == 0) {
+        return ctx;
+    }
+
     /* "chatcmpl-" or "cmpl-", then the request id */
 
-    p = ngx_pnalloc(r->pool, sizeof("chatcmpl-") - 1 + vv->len);
+    p = ngx_pnalloc(r->pool, ctx->endpoint->id_prefix.len + vv->len);
     if (p == NULL) {
         return NULL;
     }
 
     ctx->id.data = p;
 
-    if (ctx->endpoint == NGX_HTTP_OMNI_CHAT) {
-        p = ngx_cpymem(p, "chatcmpl-", sizeof("chatcmpl-") - 1);
-
-    } else {
-        p = ngx_cpymem(p, "cmpl-", sizeof("cmpl-") - 1);
-    }
-
+    p = ngx_cpymem(p, ctx->endpoint->id_prefix.data,
+                   ctx->endpoint->id_prefix.len);
     p = ngx_cpymem(p, vv->data, vv->len);
 
     ctx->id.len = p - ctx->id.data;
@@ -311,24 +370,26 @@ ngx_http_omni_create_ctx(ngx_http_request_t *r,
 
 /*
  * The endpoint of a request: the location's own (omni_health,
- * omni_metrics), else what follows the first "/v1/" in the URI.
- * NGX_HTTP_OMNI_ENDPOINTS when the URI names none. Can't fail.
+ * omni_metrics), else the row whose path follows the first "/v1/" in the
+ * URI. NULL when the URI names none. Can't fail.
  */
 
-ngx_http_omni_endpoint_e
+ngx_http_omni_endpoint_t *
 ngx_http_omni_endpoint(ngx_http_request_t *r, ngx_http_omni_loc_conf_t *olcf,
     ngx_str_t *model_id)
 {
-    u_char     *p, *last;
-    ngx_str_t   path;
+    u_char                    *p, *last;
+    ngx_str_t                  path;
+    ngx_uint_t                 i;
+    ngx_http_omni_endpoint_t  *ep;
 
-    if (olcf->handler != NGX_HTTP_OMNI_ENDPOINTS) {
-        return olcf->handler;
+    if (olcf->endpoint) {
+        return olcf->endpoint;
     }
 
     p = ngx_strnstr(r->uri.data, "/v1/", r->uri.len);
     if (p == NULL) {
-        return NGX_HTTP_OMNI_ENDPOINTS;
+        return NULL;
     }
 
     last = r->uri.data + r->uri.len;
@@ -336,44 +397,39 @@ ngx_http_omni_endpoint(ngx_http_request_t *r, ngx_http_omni_loc_conf_t *olcf,
     path.data = p + sizeof("/v1/") - 1;
     path.len = last - path.data;
 
-    if (path.len == sizeof("chat/completions") - 1
-        && ngx_strncmp(path.data, "chat/completions", path.len) == 0)
-    {
-        return NGX_HTTP_OMNI_CHAT;
-    }
+    for (i = 0; i < NGX_HTTP_OMNI_ENDPOINTS; i++) {
+        ep = &ngx_http_omni_endpoints[i];
 
-    if (path.len == sizeof("completions") - 1
-        && ngx_strncmp(path.data, "completions", path.len) == 0)
-    {
-        return NGX_HTTP_OMNI_COMPLETIONS;
-    }
+        if (ep->path.len == 0 || path.len < ep->path.len
+            || ngx_strncmp(path.data, ep->path.data, ep->path.len) != 0)
+        {
+            continue;
+        }
 
-    if (path.len == sizeof("models") - 1
-        && ngx_strncmp(path.data, "models", path.len) == 0)
-    {
-        return NGX_HTTP_OMNI_MODELS;
-    }
+        if (ep->path.data[ep->path.len - 1] != '/') {
 
-    if (path.len > sizeof("models/") - 1
-        && ngx_strncmp(path.data, "models/", sizeof("models/") - 1) == 0)
-    {
+            if (path.len == ep->path.len) {
+                return ep;
+            }
+
+            continue;
+        }
+
+        if (path.len == ep->path.len) {
+            continue;
+        }
+
         /* r->uri is decoded already: "a%2Fb" is "a/b" here */
 
         if (model_id) {
-            model_id->data = path.data + sizeof("models/") - 1;
+            model_id->data = path.data + ep->path.len;
             model_id->len = last - model_id->data;
         }
 
-        return NGX_HTTP_OMNI_MODEL;
+        return ep;
     }
 
-    if (path.len == sizeof("audio/speech") - 1
-        && ngx_strncmp(path.data, "audio/speech", path.len) == 0)
-    {
-        return NGX_HTTP_OMNI_SPEECH;
-    }
-
-    return NGX_HTTP_OMNI_ENDPOINTS;
+    return NULL;
 }
 
 
@@ -383,16 +439,18 @@ ngx_http_omni_endpoint(ngx_http_request_t *r, ngx_http_omni_loc_conf_t *olcf,
  */
 
 static ngx_int_t
-ngx_http_omni_check(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
+ngx_http_omni_check_request(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_http_omni_loc_conf_t *olcf, ngx_http_omni_error_t *err)
 {
-    ngx_int_t   rc;
-    ngx_str_t   allow, *msg;
-    ngx_uint_t  methods;
+    ngx_int_t                  rc;
+    ngx_str_t                 *msg;
+    ngx_http_omni_endpoint_t  *ep;
 
     static ngx_str_t  allow_key = ngx_string("Allow");
 
-    if (ctx->endpoint == NGX_HTTP_OMNI_ENDPOINTS) {
+    ep = ctx->endpoint;
+
+    if (ep == NULL) {
         msg = &err->message;
 
         msg->data = ngx_pnalloc(r->pool, sizeof("Invalid URL ( )") - 1
@@ -411,22 +469,7 @@ ngx_http_omni_check(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
         return NGX_DECLINED;
     }
 
-    switch (ctx->endpoint) {
-
-    case NGX_HTTP_OMNI_CHAT:
-    case NGX_HTTP_OMNI_COMPLETIONS:
-    case NGX_HTTP_OMNI_SPEECH:
-        methods = NGX_HTTP_POST;
-        ngx_str_set(&allow, "POST");
-        break;
-
-    default: /* models, model, health, metrics */
-        methods = NGX_HTTP_GET|NGX_HTTP_HEAD;
-        ngx_str_set(&allow, "GET, HEAD");
-        break;
-    }
-
-    if (!(r->method & methods)) {
+    if (!(r->method & ep->methods)) {
         msg = &err->message;
 
         msg->data = ngx_pnalloc(r->pool,
@@ -443,16 +486,14 @@ ngx_http_omni_check(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
         err->status = NGX_HTTP_NOT_ALLOWED;
         ngx_str_set(&err->type, "invalid_request_error");
 
-        if (ngx_http_omni_add_header(r, &allow_key, &allow) != NGX_OK) {
+        if (ngx_http_omni_add_header(r, &allow_key, &ep->allow) != NGX_OK) {
             return NGX_ERROR;
         }
 
         return NGX_DECLINED;
     }
 
-    if (ctx->endpoint == NGX_HTTP_OMNI_HEALTH
-        || ctx->endpoint == NGX_HTTP_OMNI_METRICS)
-    {
+    if (ep->probe) {
         return NGX_OK;
     }
 
@@ -477,11 +518,23 @@ ngx_http_omni_check(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
                                        err);
     }
 
-    if (ctx->endpoint == NGX_HTTP_OMNI_SPEECH) {
+    if (ep->frame == 0) {
+        msg = &err->message;
+
+        msg->data = ngx_pnalloc(r->pool,
+                                sizeof(" /v1/ is not implemented yet") - 1
+                                + r->method_name.len + ep->path.len);
+        if (msg->data == NULL) {
+            return NGX_ERROR;
+        }
+
+        msg->len = ngx_sprintf(msg->data, "%V /v1/%V is not implemented yet",
+                               &r->method_name, &ep->path)
+                   - msg->data;
+
         err->status = NGX_HTTP_NOT_IMPLEMENTED;
         ngx_str_set(&err->type, "invalid_request_error");
-        ngx_str_set(&err->message,
-                    "POST /v1/audio/speech is not implemented yet");
+
         return NGX_DECLINED;
     }
 
@@ -654,7 +707,7 @@ ngx_http_omni_body_handler(ngx_http_request_t *r)
     rc = ngx_http_omni_read_body(r, &body, &err);
 
     if (rc == NGX_OK) {
-        rc = ngx_http_omni_parse(r, ctx->endpoint, &body, &ctx->req, &err);
+        rc = ctx->endpoint->parse(r, ctx->endpoint, &body, &ctx->req, &err);
     }
 
     if (rc == NGX_ERROR) {
@@ -847,6 +900,7 @@ ngx_http_omni_create_loc_conf(ngx_conf_t *cf)
      *     conf->upstream.hide_headers_hash = { NULL, 0 };
      *     conf->complex_pass = NULL;
      *     conf->enabled = 0;
+     *     conf->endpoint = NULL;
      *     conf->api_keys_file = { 0, NULL };
      */
 
@@ -883,8 +937,6 @@ ngx_http_omni_create_loc_conf(ngx_conf_t *cf)
     conf->upstream.buffering = 0;
 
     ngx_str_set(&conf->upstream.module, "omni");
-
-    conf->handler = NGX_HTTP_OMNI_ENDPOINTS;
 
     return conf;
 }
@@ -934,9 +986,7 @@ ngx_http_omni_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     ngx_conf_merge_msec_value(conf->health_timeout,
                               prev->health_timeout, 3000);
 
-    if (conf->handler == NGX_HTTP_OMNI_HEALTH
-        || conf->handler == NGX_HTTP_OMNI_METRICS)
-    {
+    if (conf->endpoint && conf->endpoint->probe) {
         /* a stopped engine still accepts (the kernel does it) and never
          * answers: a probe must not wait omni_read_timeout for that */
 
@@ -955,13 +1005,10 @@ ngx_http_omni_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
         conf->upstream.upstream = prev->upstream.upstream;
     }
 
-    if (conf->handler != NGX_HTTP_OMNI_ENDPOINTS
-        && conf->upstream.upstream == NULL)
-    {
+    if (conf->endpoint && conf->upstream.upstream == NULL) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "\"%s\" needs \"omni_pass\" in its location",
-                           conf->handler == NGX_HTTP_OMNI_HEALTH
-                           ? "omni_health" : "omni_metrics");
+                           "\"%V\" needs \"omni_pass\" in its location",
+                           &conf->endpoint->directive);
         return NGX_CONF_ERROR;
     }
 
@@ -1007,18 +1054,33 @@ ngx_http_omni_pass(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 }
 
 
-/* omni_health and omni_metrics: cmd->offset is the endpoint */
+/* omni_health and omni_metrics: the location is the endpoint whose row
+ * names the directive */
 
 static char *
 ngx_http_omni_endpoint_slot(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
     ngx_http_omni_loc_conf_t *olcf = conf;
 
-    if (olcf->handler != NGX_HTTP_OMNI_ENDPOINTS) {
+    ngx_uint_t  i;
+
+    if (olcf->endpoint) {
         return "is duplicate";
     }
 
-    olcf->handler = (ngx_http_omni_endpoint_e) cmd->offset;
+    for (i = 0; i < NGX_HTTP_OMNI_ENDPOINTS; i++) {
+        if (ngx_http_omni_endpoints[i].directive.len == cmd->name.len
+            && ngx_strncmp(ngx_http_omni_endpoints[i].directive.data,
+                           cmd->name.data, cmd->name.len) == 0)
+        {
+            olcf->endpoint = &ngx_http_omni_endpoints[i];
+            break;
+        }
+    }
+
+    if (olcf->endpoint == NULL) {
+        return "has no endpoint";
+    }
 
     return ngx_http_omni_enable(cf, olcf) ? NGX_CONF_OK : NGX_CONF_ERROR;
 }

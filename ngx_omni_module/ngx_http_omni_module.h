@@ -10,9 +10,11 @@
  *   ngx_http_omni_upstream.c  upstream callbacks: the REQUEST or control
  *                             frame out, engine frames in (omni_proto.h),
  *                             turned into responses by the two below
+ *   ngx_http_omni_json.c      yajl as the module uses it: the pre-scan
+ *                             (json_scan.h), trees, yajl_gen helpers
  *   ngx_http_omni_openai.c    OpenAI JSON out: response bodies, SSE
  *                             chunks, errors, model lists
- *   ngx_http_omni_stream.c    unbuffered output: one event, one flush,
+ *   ngx_http_omni_output.c    unbuffered output: one event, one flush,
  *                             event buffers recycled; the idle keep-alive
  *                             comment
  *   ngx_http_omni_metrics.c   counters in shared memory (all workers),
@@ -39,17 +41,19 @@
 #include "omni_proto.h"
 
 
+typedef struct ngx_http_omni_endpoint_s  ngx_http_omni_endpoint_t;
+typedef struct ngx_http_omni_ctx_s       ngx_http_omni_ctx_t;
+
+
+/* What a request asks the engine for, which decides the request and
+ * response shapes (messages or prompt; chat.completion or
+ * text_completion objects). */
 typedef enum {
-    NGX_HTTP_OMNI_CHAT = 0,         /* POST /v1/chat/completions */
-    NGX_HTTP_OMNI_COMPLETIONS,      /* POST /v1/completions */
-    NGX_HTTP_OMNI_MODELS,           /* GET /v1/models */
-    NGX_HTTP_OMNI_MODEL,            /* GET /v1/models/{id} */
-    NGX_HTTP_OMNI_HEALTH,           /* omni_health location */
-    NGX_HTTP_OMNI_METRICS,          /* omni_metrics location */
-    NGX_HTTP_OMNI_SPEECH,           /* POST /v1/audio/speech: not built
-                                       yet, answered 501 */
-    NGX_HTTP_OMNI_ENDPOINTS
-} ngx_http_omni_endpoint_e;
+    NGX_HTTP_OMNI_KIND_NONE = 0,    /* no body: the engine's models,
+                                       health, metrics */
+    NGX_HTTP_OMNI_KIND_CHAT,        /* messages in, chat.completion out */
+    NGX_HTTP_OMNI_KIND_COMPLETION   /* a prompt in, text_completion out */
+} ngx_http_omni_kind_e;
 
 
 /* An OpenAI error, ready to be sent as JSON (before the response header)
@@ -88,9 +92,63 @@ typedef struct {
 } ngx_http_omni_req_t;
 
 
+
+/* An endpoint's functions. parse: the body read into req (see
+ * ngx_http_omni_parse()); reply: the engine's one answer frame made the
+ * response (ngx_http_omni_reply() and its kin); page: the body of nginx's
+ * error page of the status for it, err->status and *type changed when the
+ * page answers otherwise (NULL: out of memory). */
+typedef ngx_int_t (*ngx_http_omni_parse_pt)(ngx_http_request_t *r,
+    ngx_http_omni_endpoint_t *ep, ngx_str_t *body, ngx_http_omni_req_t *req,
+    ngx_http_omni_error_t *err);
+typedef ngx_int_t (*ngx_http_omni_reply_pt)(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_str_t *payload);
+typedef ngx_buf_t *(*ngx_http_omni_page_pt)(ngx_http_request_t *r,
+    ngx_http_omni_error_t *err, ngx_uint_t status, ngx_str_t *type);
+
+
+/*
+ * One row of ngx_http_omni_endpoints[] (ngx_http_omni_module.c): all the
+ * module knows of an endpoint, so that a new one is a row and its
+ * functions. A location holds a pointer to its row (omni_health,
+ * omni_metrics) or finds it by URI; the request's ctx keeps it.
+ */
+struct ngx_http_omni_endpoint_s {
+    ngx_str_t                   path;       /* after "/v1/"; ending in "/":
+                                               a prefix, the rest of the URI
+                                               is ctx->model_id */
+    ngx_str_t                   directive;  /* else the directive that
+                                               makes a location it */
+    ngx_str_t                   label;      /* omni_nginx_requests_total's
+                                               endpoint label */
+    ngx_uint_t                  methods;    /* NGX_HTTP_POST ... */
+    ngx_str_t                   allow;      /* the same, for a 405's Allow */
+    ngx_http_omni_kind_e        kind;
+    ngx_http_omni_parse_pt      parse;      /* NULL: no body, discarded */
+    ngx_uint_t                  frame;      /* the engine frame it sends,
+                                               OMNI_F_*; 0: not implemented
+                                               yet, answered 501 */
+    ngx_uint_t                  reply_frame;
+                                            /* the engine's answer, OMNI_F_*_R;
+                                               0: a completion, TEXT ... DONE,
+                                               as JSON or as SSE events */
+    ngx_http_omni_reply_pt      reply;      /* reply_frame as a response */
+    ngx_http_omni_page_pt       page;       /* NULL: OpenAI's error object */
+    ngx_str_t                   id_prefix;  /* ctx->id: "chatcmpl-" ... */
+    unsigned                    probe:1;    /* omni_health_timeout, no API
+                                               key, no body size check */
+};
+
+
+#define NGX_HTTP_OMNI_ENDPOINTS  7          /* ngx_http_omni_endpoints[]'s
+                                               rows */
+
+extern ngx_http_omni_endpoint_t  ngx_http_omni_endpoints[];
+
+
 /* Per-request state. */
-typedef struct {
-    ngx_http_omni_endpoint_e    endpoint;
+struct ngx_http_omni_ctx_s {
+    ngx_http_omni_endpoint_t   *endpoint;   /* NULL: the URI names none */
     ngx_http_omni_req_t         req;
     ngx_str_t                   model_id;   /* GET /v1/models/{id},
                                                URL-decoded */
@@ -123,12 +181,12 @@ typedef struct {
                                                    sent */
     ngx_event_t                 keepalive;      /* idle SSE comment timer */
 
-    /* an error page of nginx's, replaced by JSON (stream.c filters) */
+    /* an error page of nginx's, replaced by JSON (output.c filters) */
     ngx_http_omni_error_t       err;            /* what the module knows
                                                    about it; status 0:
                                                    nothing */
     ngx_chain_t                *page;           /* the replacement body */
-} ngx_http_omni_ctx_t;
+};
 
 
 typedef struct {
@@ -137,9 +195,9 @@ typedef struct {
                                                    unused: NULL */
     ngx_flag_t                  enabled;        /* the content handler here
                                                    is the module's */
-    ngx_http_omni_endpoint_e    handler;        /* omni_health/omni_metrics
-                                                   locations, else
-                                                   NGX_HTTP_OMNI_ENDPOINTS */
+    ngx_http_omni_endpoint_t   *endpoint;       /* omni_health/omni_metrics
+                                                   locations: their row;
+                                                   NULL: found by URI */
     ngx_msec_t                  keepalive_interval;
                                                 /* omni_keepalive_interval */
     ngx_msec_t                  health_timeout; /* omni_health_timeout */
@@ -171,15 +229,21 @@ extern ngx_module_t  ngx_http_omni_module;
  * answers with an ERROR naming the param). Returns NGX_OK, NGX_DECLINED with err
  * filled (a 400), or NGX_ERROR (no memory). */
 ngx_int_t ngx_http_omni_parse(ngx_http_request_t *r,
-    ngx_http_omni_endpoint_e endpoint, ngx_str_t *body,
-    ngx_http_omni_req_t *req, ngx_http_omni_error_t *err);
+    ngx_http_omni_endpoint_t *ep, ngx_str_t *body, ngx_http_omni_req_t *req,
+    ngx_http_omni_error_t *err);
 
-/* JSON in, for the request body and the engine's MODELS_R: the
- * pre-scan (NULL, or why the bytes are refused; *syntax: not JSON at
- * all); yajl's tree of them, freed by yajl_tree_free() (NULL: refused,
- * why in ebuf, or out of memory, ebuf empty); an object's member (NULL
- * when absent or null); a tree value or a C string added to a yajl_gen
- * (a yajl_gen_status). */
+
+/* ngx_http_omni_json.c
+ *
+ * JSON in, for the request body and the engine's MODELS_R: the pre-scan
+ * with the module's limits (*at: where it stopped); why it refused (NULL:
+ * it did not; *syntax: not JSON at all); both at once; yajl's tree of
+ * the bytes, freed by yajl_tree_free() (NULL: refused, why in ebuf, or
+ * out of memory, ebuf empty); an object's member (NULL when absent or
+ * null); a tree value or a C string added to a yajl_gen (a
+ * yajl_gen_status). */
+OmniJsonScan ngx_http_omni_json_scan(u_char *p, size_t len, size_t *at);
+char *ngx_http_omni_scan_reason(OmniJsonScan rc, ngx_uint_t *syntax);
 char *ngx_http_omni_prescan(u_char *p, size_t len, ngx_uint_t *syntax);
 yajl_val ngx_http_omni_tree(ngx_http_request_t *r, u_char *json,
     size_t len, u_char *ebuf, size_t size);
@@ -211,9 +275,9 @@ ngx_chain_t *ngx_http_omni_chunk_usage(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx);
 ngx_chain_t *ngx_http_omni_chunk_done(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx);              /* data: [DONE]\n\n */
-/* The engine's MODELS_R JSON as OpenAI's list (ctx->endpoint MODELS) or
- * one model (MODEL: ctx->model_id; NGX_DECLINED with err filled, a 404,
- * when the engine does not serve it). */
+/* The engine's MODELS_R JSON as OpenAI's list, or one model when the URI
+ * named one (ctx->model_id; NGX_DECLINED with err filled, a 404, when the
+ * engine does not serve it). */
 ngx_int_t ngx_http_omni_models_json(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, u_char *json, size_t len, ngx_buf_t **out,
     ngx_http_omni_error_t *err);
@@ -229,9 +293,28 @@ ngx_int_t ngx_http_omni_seed_header(ngx_http_request_t *r,
 /* Creates r->upstream with the module's callbacks (omni_pass). */
 ngx_int_t ngx_http_omni_upstream_create(ngx_http_request_t *r,
     ngx_http_omni_loc_conf_t *olcf);
+/* The response of an endpoint's reply function, made before the header:
+ * status, Content-Type and Content-Length of body, which goes out in
+ * input_filter_init; of one buffer b (NULL, out of memory: NGX_ERROR);
+ * of an OpenAI error. */
+ngx_int_t ngx_http_omni_reply(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_uint_t status, ngx_str_t *type,
+    ngx_chain_t *body);
+ngx_int_t ngx_http_omni_reply_buf(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_uint_t status, ngx_str_t *type,
+    ngx_buf_t *b);
+ngx_int_t ngx_http_omni_reply_error(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_http_omni_error_t *err);
+/* A frame the engine should not have sent (what: its name, logged; NULL:
+ * logged already): NGX_HTTP_UPSTREAM_INVALID_HEADER, a 502. */
+ngx_int_t ngx_http_omni_invalid_frame(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, const char *what);
+/* The endpoints' reply functions: MODELS_R (models, model). */
+ngx_int_t ngx_http_omni_models_reply(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_str_t *payload);
 
 
-/* ngx_http_omni_stream.c */
+/* ngx_http_omni_output.c */
 ngx_int_t ngx_http_omni_send_header(ngx_http_request_t *r,
     ngx_uint_t status, ngx_str_t *content_type, off_t content_length);
 /* An empty event buffer of at least size bytes, from ctx->free. */
@@ -284,14 +367,25 @@ ngx_buf_t *ngx_http_omni_metrics_text(ngx_http_request_t *r,
 /* {"status":"ready"} or {"status":"not ready","reason":...} */
 ngx_buf_t *ngx_http_omni_health_json(ngx_http_request_t *r,
     ngx_uint_t ready, u_char *reason, size_t len);
+/* omni_health's and omni_metrics' reply (HEALTH_R, METRICS_R) and error
+ * page functions. */
+ngx_int_t ngx_http_omni_health_reply(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_str_t *payload);
+ngx_int_t ngx_http_omni_metrics_reply(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_str_t *payload);
+ngx_buf_t *ngx_http_omni_health_page(ngx_http_request_t *r,
+    ngx_http_omni_error_t *err, ngx_uint_t status, ngx_str_t *type);
+ngx_buf_t *ngx_http_omni_metrics_page(ngx_http_request_t *r,
+    ngx_http_omni_error_t *err, ngx_uint_t status, ngx_str_t *type);
 /* Adds the counters' shared zone (once per configuration). */
 ngx_int_t ngx_http_omni_metrics_add_zone(ngx_conf_t *cf);
 /* Counts each request of an omni location by endpoint and status. */
 ngx_int_t ngx_http_omni_metrics_init(ngx_conf_t *cf);
 
-/* ngx_http_omni_module.c: the endpoint a URI names (also for requests
- * answered before the content handler, such as a 413). */
-ngx_http_omni_endpoint_e ngx_http_omni_endpoint(ngx_http_request_t *r,
+/* ngx_http_omni_module.c: the endpoint of a request, its location's or
+ * the one its URI names, NULL when none (also for requests answered
+ * before the content handler, such as a 413). */
+ngx_http_omni_endpoint_t *ngx_http_omni_endpoint(ngx_http_request_t *r,
     ngx_http_omni_loc_conf_t *olcf, ngx_str_t *model_id);
 
 

@@ -105,47 +105,18 @@ ngx_http_omni_error_event(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 }
 
 
-/*
- * Completions have no role chunk: for them this returns an empty buffer,
- * marked sync so that sending it anyway is harmless (callers may skip it
- * when b->pos == b->last).
- */
+/* A chat stream's first chunk (completions have none). */
 
 ngx_chain_t *
 ngx_http_omni_chunk_role(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
 {
-    ngx_buf_t    *b;
-    ngx_chain_t  *cl;
-    ngx_str_t     post = ngx_null_string;
-    ngx_str_t     pre = ngx_string("\"choices\":[{\"index\":0,\"delta\":"
-                                   "{\"role\":\"assistant\",\"content\":\"\","
-                                   "\"refusal\":null},\"logprobs\":null,"
-                                   "\"finish_reason\":null}]");
+    ngx_str_t  post = ngx_null_string;
+    ngx_str_t  pre = ngx_string("\"choices\":[{\"index\":0,\"delta\":"
+                                "{\"role\":\"assistant\",\"content\":\"\","
+                                "\"refusal\":null},\"logprobs\":null,"
+                                "\"finish_reason\":null}]");
 
-    if (ctx->endpoint == NGX_HTTP_OMNI_CHAT) {
-        return ngx_http_omni_event(r, ctx, &pre, NULL, 0, &post, 1);
-    }
-
-    /* no memory: a recycled buffer (temporary) of size 0 would be a
-     * "zero size buf" to the write filter */
-
-    b = ngx_calloc_buf(r->pool);
-    if (b == NULL) {
-        return NULL;
-    }
-
-    b->sync = 1;
-    b->tag = (ngx_buf_tag_t) &ngx_http_omni_module;
-
-    cl = ngx_alloc_chain_link(r->pool);
-    if (cl == NULL) {
-        return NULL;
-    }
-
-    cl->buf = b;
-    cl->next = NULL;
-
-    return cl;
+    return ngx_http_omni_event(r, ctx, &pre, NULL, 0, &post, 1);
 }
 
 
@@ -161,7 +132,7 @@ ngx_http_omni_chunk_text(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_str_t  text_post = ngx_string("\",\"index\":0,\"logprobs\":null,"
                                       "\"finish_reason\":null}]");
 
-    if (ctx->endpoint == NGX_HTTP_OMNI_CHAT) {
+    if (ctx->endpoint->kind == NGX_HTTP_OMNI_KIND_CHAT) {
         return ngx_http_omni_event(r, ctx, &chat_pre, text, len, &chat_post,
                                    1);
     }
@@ -185,7 +156,7 @@ ngx_http_omni_chunk_finish(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
     reason = ngx_http_omni_finish(ctx);
 
     return ngx_http_omni_event(r, ctx,
-                               (ctx->endpoint == NGX_HTTP_OMNI_CHAT)
+                               ctx->endpoint->kind == NGX_HTTP_OMNI_KIND_CHAT
                                ? &chat_pre : &text_pre,
                                reason.data, reason.len, &post, 1);
 }
@@ -260,7 +231,7 @@ ngx_http_omni_completion_json(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
     ngx_str_t    text_post = ngx_string("\",\"index\":0,\"logprobs\":null,"
                                         "\"finish_reason\":\"");
 
-    if (ctx->endpoint == NGX_HTTP_OMNI_CHAT) {
+    if (ctx->endpoint->kind == NGX_HTTP_OMNI_KIND_CHAT) {
         object = &chat_object;
         pre = &chat_pre;
         post = &chat_post;
@@ -327,7 +298,8 @@ ngx_http_omni_event(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_str_t     chunk = ngx_string("chat.completion.chunk");
     ngx_str_t     completion = ngx_string("text_completion");
 
-    object = (ctx->endpoint == NGX_HTTP_OMNI_CHAT) ? &chunk : &completion;
+    object = (ctx->endpoint->kind == NGX_HTTP_OMNI_KIND_CHAT)
+             ? &chunk : &completion;
     usage_null = usage_null && ctx->req.include_usage;
 
     size = sizeof("data: ") - 1 + ngx_http_omni_head_len(ctx, object)
@@ -541,7 +513,7 @@ ngx_http_omni_engine_error(u_char *p, size_t len, ngx_http_omni_error_t *err)
 /*
  * The engine's {"data":[{"id","created","owned_by","max_model_len"}]}
  * becomes {"object":"list","data":[{"id","object":"model","created",
- * "owned_by"}]}\n, or for NGX_HTTP_OMNI_MODEL the one model object whose
+ * "owned_by"}]}\n, or, when the URI named one, the one model object whose
  * id is ctx->model_id. A reply that is not that shape is the engine's
  * fault: logged, NGX_ERROR.
  */
@@ -599,7 +571,7 @@ ngx_http_omni_models_json(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     rc = NGX_OK;
     s = 0;
 
-    if (ctx->endpoint == NGX_HTTP_OMNI_MODEL) {
+    if (ctx->model_id.len) {
         rc = NGX_DECLINED;
 
         for (i = 0; i < data->u.array.len; i++) {

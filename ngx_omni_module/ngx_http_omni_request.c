@@ -16,8 +16,8 @@
  * client sent none, so that it can report it in a response header before
  * the first token goes out.
  *
- * The pre-scan, the tree and the yajl_gen helpers also read the engine's
- * model list for ngx_http_omni_openai.c.
+ * The pre-scan's limits, the tree and the yajl_gen helpers are
+ * ngx_http_omni_json.c's, shared with ngx_http_omni_openai.c.
  */
 
 
@@ -29,8 +29,6 @@
 #include "ngx_http_omni_module.h"
 
 
-#define NGX_HTTP_OMNI_MAX_DEPTH     64          /* nesting levels; ours: 5 */
-#define NGX_HTTP_OMNI_MAX_NODES     (1 << 18)   /* strings + structure */
 #define NGX_HTTP_OMNI_MAX_SALT      256         /* engine's REQ_MAX_SALT */
 #define NGX_HTTP_OMNI_CLIP          40          /* client bytes quoted */
 #define NGX_HTTP_OMNI_MSG_MAX       512         /* one error message */
@@ -50,8 +48,8 @@ typedef struct {
 } ngx_http_omni_fields_t;
 
 
-static ngx_int_t ngx_http_omni_check(ngx_http_request_t *r,
-    ngx_http_omni_endpoint_e endpoint, yajl_val root,
+static ngx_int_t ngx_http_omni_check_body(ngx_http_request_t *r,
+    ngx_http_omni_kind_e kind, yajl_val root,
     ngx_http_omni_fields_t *f, ngx_http_omni_req_t *req,
     ngx_http_omni_error_t *err);
 static ngx_int_t ngx_http_omni_check_messages(ngx_http_request_t *r,
@@ -63,10 +61,10 @@ static ngx_int_t ngx_http_omni_check_prompt(ngx_http_request_t *r,
 static ngx_int_t ngx_http_omni_check_stream(ngx_http_request_t *r,
     yajl_val root, ngx_http_omni_req_t *req, ngx_http_omni_error_t *err);
 static ngx_int_t ngx_http_omni_check_max_tokens(ngx_http_request_t *r,
-    ngx_http_omni_endpoint_e endpoint, yajl_val root,
+    ngx_http_omni_kind_e kind, yajl_val root,
     ngx_http_omni_fields_t *f, ngx_http_omni_error_t *err);
 static ngx_int_t ngx_http_omni_check_choices(ngx_http_request_t *r,
-    ngx_http_omni_endpoint_e endpoint, yajl_val root,
+    ngx_http_omni_kind_e kind, yajl_val root,
     ngx_http_omni_error_t *err);
 static ngx_int_t ngx_http_omni_check_output(ngx_http_request_t *r,
     yajl_val root, ngx_http_omni_error_t *err);
@@ -86,11 +84,11 @@ static ngx_int_t ngx_http_omni_bool(ngx_http_request_t *r, yajl_val o,
     char *key, char *param, ngx_uint_t *flag, ngx_http_omni_error_t *err);
 
 static ngx_int_t ngx_http_omni_engine_request(ngx_http_request_t *r,
-    ngx_http_omni_endpoint_e endpoint, yajl_val root,
+    ngx_http_omni_kind_e kind, yajl_val root,
     ngx_http_omni_fields_t *f, ngx_http_omni_req_t *req,
     ngx_http_omni_error_t *err);
 static ngx_uint_t ngx_http_omni_gen_request(yajl_gen g,
-    ngx_http_omni_endpoint_e endpoint, yajl_val root,
+    ngx_http_omni_kind_e kind, yajl_val root,
     ngx_http_omni_fields_t *f);
 static ngx_uint_t ngx_http_omni_gen_messages(yajl_gen g, yajl_val msgs);
 
@@ -100,7 +98,6 @@ static char *ngx_http_omni_param(ngx_http_request_t *r, char *fmt,
     size_t i, size_t j);
 static ngx_int_t ngx_http_omni_scan(ngx_http_request_t *r, ngx_str_t *body,
     ngx_http_omni_error_t *err);
-static char *ngx_http_omni_scan_reason(OmniJsonScan rc, ngx_uint_t *syntax);
 static ngx_int_t ngx_http_omni_bad_json(ngx_http_request_t *r,
     u_char *why, ngx_http_omni_error_t *err);
 static ngx_int_t ngx_http_omni_invalid(ngx_http_request_t *r,
@@ -130,21 +127,13 @@ static const char *const  ngx_http_omni_sampling[] = {
 /* ---- request bodies ---- */
 
 ngx_int_t
-ngx_http_omni_parse(ngx_http_request_t *r, ngx_http_omni_endpoint_e endpoint,
+ngx_http_omni_parse(ngx_http_request_t *r, ngx_http_omni_endpoint_t *ep,
     ngx_str_t *body, ngx_http_omni_req_t *req, ngx_http_omni_error_t *err)
 {
     u_char                   ebuf[256];
     yajl_val                 root;
     ngx_int_t                rc;
     ngx_http_omni_fields_t   f;
-
-    if (endpoint != NGX_HTTP_OMNI_CHAT
-        && endpoint != NGX_HTTP_OMNI_COMPLETIONS)
-    {
-        ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
-                      "omni parse called for endpoint %d", (int) endpoint);
-        return NGX_ERROR;
-    }
 
     ngx_memzero(req, sizeof(ngx_http_omni_req_t));
     ngx_memzero(&f, sizeof(ngx_http_omni_fields_t));
@@ -167,10 +156,10 @@ ngx_http_omni_parse(ngx_http_request_t *r, ngx_http_omni_endpoint_e endpoint,
 
     /* the tree is malloc()ed by yajl: one exit frees it */
 
-    rc = ngx_http_omni_check(r, endpoint, root, &f, req, err);
+    rc = ngx_http_omni_check_body(r, ep->kind, root, &f, req, err);
 
     if (rc == NGX_OK) {
-        rc = ngx_http_omni_engine_request(r, endpoint, root, &f, req, err);
+        rc = ngx_http_omni_engine_request(r, ep->kind, root, &f, req, err);
     }
 
     yajl_tree_free(root);
@@ -197,8 +186,7 @@ ngx_http_omni_scan(ngx_http_request_t *r, ngx_str_t *body,
 
     at = 0;
 
-    rc = omni_json_scan((const char *) body->data, body->len,
-                        NGX_HTTP_OMNI_MAX_DEPTH, NGX_HTTP_OMNI_MAX_NODES, &at);
+    rc = ngx_http_omni_json_scan(body->data, body->len, &at);
 
     if (rc == OMNI_JSON_OK) {
         return NGX_OK;
@@ -236,96 +224,8 @@ ngx_http_omni_scan(ngx_http_request_t *r, ngx_str_t *body,
 }
 
 
-/*
- * The same for JSON from the engine (MODELS_R), in the words of our logs.
- * Returns NULL, or why; *syntax is set when the body is not JSON at all.
- */
-
-char *
-ngx_http_omni_prescan(u_char *p, size_t len, ngx_uint_t *syntax)
-{
-    size_t  at;
-
-    return ngx_http_omni_scan_reason(omni_json_scan((const char *) p, len,
-                                                    NGX_HTTP_OMNI_MAX_DEPTH,
-                                                    NGX_HTTP_OMNI_MAX_NODES,
-                                                    &at),
-                                     syntax);
-}
-
-
-static char *
-ngx_http_omni_scan_reason(OmniJsonScan rc, ngx_uint_t *syntax)
-{
-    *syntax = 1;
-
-    switch (rc) {
-
-    case OMNI_JSON_OK:
-        return NULL;
-
-    case OMNI_JSON_UTF8:
-    case OMNI_JSON_SURROGATE:
-        return "text that is not UTF-8";
-
-    case OMNI_JSON_NUL:
-        return "a NUL byte";
-
-    case OMNI_JSON_COMMENT:
-        return "comments are not JSON";
-
-    case OMNI_JSON_U0000:
-        *syntax = 0;
-        return "Strings in the request may not contain U+0000.";
-
-    case OMNI_JSON_DEEP:
-        *syntax = 0;
-        return "The request JSON nests deeper than 64 levels.";
-
-    case OMNI_JSON_NODES:
-        *syntax = 0;
-        return "The request JSON has more than 262144 values.";
-    }
-
-    return "not JSON";
-}
-
-
-/* yajl's tree of len bytes of pre-scanned JSON; NULL with ebuf set when
- * yajl refuses it, NULL with ebuf empty when out of memory. */
-
-yajl_val
-ngx_http_omni_tree(ngx_http_request_t *r, u_char *json, size_t len,
-    u_char *ebuf, size_t size)
-{
-    u_char    *copy;
-    yajl_val   root;
-
-    copy = ngx_pnalloc(r->pool, len + 1);
-    if (copy == NULL) {
-        return NULL;
-    }
-
-    if (len) {
-        ngx_memcpy(copy, json, len);
-    }
-
-    copy[len] = '\0';
-
-    root = yajl_tree_parse((const char *) copy, (char *) ebuf, size);
-
-    ngx_pfree(r->pool, copy);
-
-    if (root == NULL && ebuf[0] == '\0') {
-        ngx_cpystrn(ebuf, (u_char *) "parse error", size);
-    }
-
-    return root;
-}
-
-
 static ngx_int_t
-ngx_http_omni_check(ngx_http_request_t *r, ngx_http_omni_endpoint_e endpoint,
+ngx_http_omni_check_body(ngx_http_request_t *r, ngx_http_omni_kind_e kind,
     yajl_val root, ngx_http_omni_fields_t *f, ngx_http_omni_req_t *req,
     ngx_http_omni_error_t *err)
 {
@@ -361,7 +261,7 @@ ngx_http_omni_check(ngx_http_request_t *r, ngx_http_omni_endpoint_e endpoint,
         return NGX_ERROR;
     }
 
-    rc = (endpoint == NGX_HTTP_OMNI_CHAT)
+    rc = (kind == NGX_HTTP_OMNI_KIND_CHAT)
          ? ngx_http_omni_check_messages(r, root, f, err)
          : ngx_http_omni_check_prompt(r, root, f, err);
 
@@ -370,11 +270,11 @@ ngx_http_omni_check(ngx_http_request_t *r, ngx_http_omni_endpoint_e endpoint,
     }
 
     if (rc == NGX_OK) {
-        rc = ngx_http_omni_check_choices(r, endpoint, root, err);
+        rc = ngx_http_omni_check_choices(r, kind, root, err);
     }
 
     if (rc == NGX_OK) {
-        rc = ngx_http_omni_check_max_tokens(r, endpoint, root, f, err);
+        rc = ngx_http_omni_check_max_tokens(r, kind, root, f, err);
     }
 
     if (rc == NGX_OK) {
@@ -385,7 +285,7 @@ ngx_http_omni_check(ngx_http_request_t *r, ngx_http_omni_endpoint_e endpoint,
         rc = ngx_http_omni_check_tools(r, root, err);
     }
 
-    if (rc == NGX_OK && endpoint == NGX_HTTP_OMNI_COMPLETIONS) {
+    if (rc == NGX_OK && kind == NGX_HTTP_OMNI_KIND_COMPLETION) {
         rc = ngx_http_omni_check_legacy(r, root, err);
     }
 
@@ -608,7 +508,7 @@ ngx_http_omni_check_stream(ngx_http_request_t *r, yajl_val root,
 
 static ngx_int_t
 ngx_http_omni_check_max_tokens(ngx_http_request_t *r,
-    ngx_http_omni_endpoint_e endpoint, yajl_val root,
+    ngx_http_omni_kind_e kind, yajl_val root,
     ngx_http_omni_fields_t *f, ngx_http_omni_error_t *err)
 {
     yajl_val   v;
@@ -634,7 +534,7 @@ ngx_http_omni_check_max_tokens(ngx_http_request_t *r,
         }
     }
 
-    if (f->max_tokens == 0 && endpoint == NGX_HTTP_OMNI_COMPLETIONS) {
+    if (f->max_tokens == 0 && kind == NGX_HTTP_OMNI_KIND_COMPLETION) {
         f->max_tokens = NGX_HTTP_OMNI_COMPLETIONS_MAX_TOKENS;
     }
 
@@ -646,7 +546,7 @@ ngx_http_omni_check_max_tokens(ngx_http_request_t *r,
 
 static ngx_int_t
 ngx_http_omni_check_choices(ngx_http_request_t *r,
-    ngx_http_omni_endpoint_e endpoint, yajl_val root,
+    ngx_http_omni_kind_e kind, yajl_val root,
     ngx_http_omni_error_t *err)
 {
     char      *more;
@@ -675,14 +575,14 @@ ngx_http_omni_check_choices(ngx_http_request_t *r,
 
     if (v != NULL) {
         if (YAJL_IS_TRUE(v)
-            || (YAJL_IS_NUMBER(v) && endpoint == NGX_HTTP_OMNI_COMPLETIONS))
+            || (YAJL_IS_NUMBER(v) && kind == NGX_HTTP_OMNI_KIND_COMPLETION))
         {
             return ngx_http_omni_unsupported(r, err, "logprobs", NULL);
         }
 
         if (!YAJL_IS_FALSE(v)) {
             return ngx_http_omni_invalid_type(r, err, "logprobs",
-                                              endpoint == NGX_HTTP_OMNI_CHAT
+                                              kind == NGX_HTTP_OMNI_KIND_CHAT
                                               ? "a boolean" : "an integer",
                                               v);
         }
@@ -690,7 +590,7 @@ ngx_http_omni_check_choices(ngx_http_request_t *r,
 
     v = ngx_http_omni_member(root, "top_logprobs");
 
-    if (v != NULL && endpoint == NGX_HTTP_OMNI_CHAT) {
+    if (v != NULL && kind == NGX_HTTP_OMNI_KIND_CHAT) {
         if (!YAJL_IS_NUMBER(v)) {
             return ngx_http_omni_invalid_type(r, err, "top_logprobs",
                                               "an integer", v);
@@ -1090,7 +990,7 @@ ngx_http_omni_bool(ngx_http_request_t *r, yajl_val o, char *key,
 
 static ngx_int_t
 ngx_http_omni_engine_request(ngx_http_request_t *r,
-    ngx_http_omni_endpoint_e endpoint, yajl_val root,
+    ngx_http_omni_kind_e kind, yajl_val root,
     ngx_http_omni_fields_t *f, ngx_http_omni_req_t *req,
     ngx_http_omni_error_t *err)
 {
@@ -1108,7 +1008,7 @@ ngx_http_omni_engine_request(ngx_http_request_t *r,
     buf = NULL;
     len = 0;
 
-    s = ngx_http_omni_gen_request(g, endpoint, root, f);
+    s = ngx_http_omni_gen_request(g, kind, root, f);
 
     if (s == yajl_gen_status_ok) {
         s = yajl_gen_get_buf(g, &buf, &len);
@@ -1155,7 +1055,7 @@ ngx_http_omni_engine_request(ngx_http_request_t *r,
  */
 
 static ngx_uint_t
-ngx_http_omni_gen_request(yajl_gen g, ngx_http_omni_endpoint_e endpoint,
+ngx_http_omni_gen_request(yajl_gen g, ngx_http_omni_kind_e kind,
     yajl_val root, ngx_http_omni_fields_t *f)
 {
     yajl_val     v;
@@ -1166,7 +1066,7 @@ ngx_http_omni_gen_request(yajl_gen g, ngx_http_omni_endpoint_e endpoint,
     s |= ngx_http_omni_gen_str(g, "model");
     s |= ngx_http_omni_gen_value(g, f->model);
 
-    if (endpoint == NGX_HTTP_OMNI_CHAT) {
+    if (kind == NGX_HTTP_OMNI_KIND_CHAT) {
         s |= ngx_http_omni_gen_str(g, "messages");
         s |= ngx_http_omni_gen_messages(g, f->input);
 
@@ -1249,83 +1149,7 @@ ngx_http_omni_gen_messages(yajl_gen g, yajl_val msgs)
 }
 
 
-/* A tree value as it came; recursion is bounded by the pre-scan's depth
- * limit, below yajl_gen's YAJL_MAX_DEPTH. */
-
-ngx_uint_t
-ngx_http_omni_gen_value(yajl_gen g, yajl_val v)
-{
-    size_t      i;
-    ngx_uint_t  s;
-
-    switch (v->type) {
-
-    case yajl_t_string:
-        return ngx_http_omni_gen_str(g, v->u.string);
-
-    case yajl_t_number:
-        return yajl_gen_number(g, v->u.number.r, ngx_strlen(v->u.number.r));
-
-    case yajl_t_object:
-        s = yajl_gen_map_open(g);
-
-        for (i = 0; i < v->u.object.len; i++) {
-            s |= ngx_http_omni_gen_str(g, v->u.object.keys[i]);
-            s |= ngx_http_omni_gen_value(g, v->u.object.values[i]);
-        }
-
-        return s | yajl_gen_map_close(g);
-
-    case yajl_t_array:
-        s = yajl_gen_array_open(g);
-
-        for (i = 0; i < v->u.array.len; i++) {
-            s |= ngx_http_omni_gen_value(g, v->u.array.values[i]);
-        }
-
-        return s | yajl_gen_array_close(g);
-
-    case yajl_t_true:
-        return yajl_gen_bool(g, 1);
-
-    case yajl_t_false:
-        return yajl_gen_bool(g, 0);
-
-    default:
-        return yajl_gen_null(g);
-    }
-}
-
-
-ngx_uint_t
-ngx_http_omni_gen_str(yajl_gen g, const char *s)
-{
-    return yajl_gen_string(g, (const unsigned char *) s, ngx_strlen(s));
-}
-
-
 /* ---- tree helpers and errors ---- */
-
-/* The value of key in object o, the last one when repeated (as
- * JSON.parse does); NULL when absent or null. */
-
-yajl_val
-ngx_http_omni_member(yajl_val o, const char *key)
-{
-    size_t    i;
-    yajl_val  v;
-
-    v = NULL;
-
-    for (i = 0; i < o->u.object.len; i++) {
-        if (ngx_strcmp(o->u.object.keys[i], key) == 0) {
-            v = o->u.object.values[i];
-        }
-    }
-
-    return YAJL_IS_NULL(v) ? NULL : v;
-}
-
 
 static char *
 ngx_http_omni_type(yajl_val v)

@@ -26,7 +26,7 @@
  * A whole body made here goes out through u->out_bufs with u->length 0,
  * which makes the upstream module finish the request as soon as it is
  * sent. An engine that fails before the header leaves the response to
- * nginx's error page, which ngx_http_omni_stream.c replaces by JSON; after
+ * nginx's error page, which ngx_http_omni_output.c replaces by JSON; after
  * the header, by an SSE error event and a clean end.
  */
 
@@ -48,20 +48,8 @@ static ngx_int_t ngx_http_omni_header_frame(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, ngx_str_t *payload);
 static ngx_int_t ngx_http_omni_gather(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, ngx_str_t *text);
-static ngx_int_t ngx_http_omni_health_reply(ngx_http_request_t *r,
-    ngx_http_omni_ctx_t *ctx, ngx_str_t *payload);
-static ngx_int_t ngx_http_omni_metrics_reply(ngx_http_request_t *r,
-    ngx_http_omni_ctx_t *ctx, ngx_str_t *payload);
-static ngx_int_t ngx_http_omni_reply(ngx_http_request_t *r,
-    ngx_http_omni_ctx_t *ctx, ngx_uint_t status, ngx_str_t *type,
-    ngx_chain_t *body);
-static ngx_int_t ngx_http_omni_reply_buf(ngx_http_request_t *r,
-    ngx_http_omni_ctx_t *ctx, ngx_uint_t status, ngx_str_t *type,
-    ngx_buf_t *b);
-static ngx_int_t ngx_http_omni_reply_error(ngx_http_request_t *r,
-    ngx_http_omni_ctx_t *ctx, ngx_http_omni_error_t *err);
-static ngx_int_t ngx_http_omni_invalid_frame(ngx_http_request_t *r,
-    ngx_http_omni_ctx_t *ctx, const char *what);
+static ngx_int_t ngx_http_omni_error_frame(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_str_t *payload, ngx_http_omni_error_t *err);
 static ngx_int_t ngx_http_omni_parse_frame(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, u_char **pos, u_char *last,
     ngx_str_t *payload);
@@ -69,6 +57,8 @@ static ngx_int_t ngx_http_omni_input_filter_init(void *data);
 static ngx_int_t ngx_http_omni_input_filter(void *data, ssize_t bytes);
 static ngx_int_t ngx_http_omni_stream_frame(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, ngx_str_t *payload);
+static ngx_int_t ngx_http_omni_stream_role(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx);
 static ngx_int_t ngx_http_omni_stream_done(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, ngx_str_t *payload);
 static ngx_int_t ngx_http_omni_stream_error(ngx_http_request_t *r,
@@ -82,8 +72,6 @@ static ngx_str_t  ngx_http_omni_json_type =
     ngx_string("application/json");
 static ngx_str_t  ngx_http_omni_sse_type =
     ngx_string("text/event-stream; charset=utf-8");
-static ngx_str_t  ngx_http_omni_metrics_type =
-    ngx_string("text/plain; version=0.0.4; charset=utf-8");
 
 
 ngx_int_t
@@ -130,34 +118,16 @@ ngx_http_omni_create_request(ngx_http_request_t *r)
 
     ctx = ngx_http_get_module_ctx(r, ngx_http_omni_module);
 
-    ngx_str_null(&payload);
+    /* the endpoint's frame: a REQUEST carries what its body said, a
+     * control frame nothing */
 
-    switch (ctx->endpoint) {
+    type = (uint8_t) ctx->endpoint->frame;
 
-    case NGX_HTTP_OMNI_CHAT:
-    case NGX_HTTP_OMNI_COMPLETIONS:
-        type = OMNI_F_REQUEST;
+    if (ctx->endpoint->parse) {
         payload = ctx->req.engine;
-        break;
 
-    case NGX_HTTP_OMNI_MODELS:
-    case NGX_HTTP_OMNI_MODEL:
-        type = OMNI_F_MODELS;
-        break;
-
-    case NGX_HTTP_OMNI_HEALTH:
-        type = OMNI_F_HEALTH;
-        break;
-
-    case NGX_HTTP_OMNI_METRICS:
-        type = OMNI_F_METRICS;
-        break;
-
-    default:
-        ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
-                      "omni: no engine frame for endpoint %d",
-                      (int) ctx->endpoint);
-        return NGX_ERROR;
+    } else {
+        ngx_str_null(&payload);
     }
 
     b = ngx_create_temp_buf(r->pool, OMNI_FRAME_HDR);
@@ -325,24 +295,27 @@ static ngx_int_t
 ngx_http_omni_header_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_str_t *payload)
 {
-    ngx_buf_t              *b;
-    ngx_int_t               rc;
-    ngx_uint_t              request;
-    ngx_http_omni_error_t   err;
+    ngx_uint_t                 completion;
+    ngx_http_omni_error_t      err;
+    ngx_http_omni_endpoint_t  *ep;
 
     ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
                    "omni frame: type %ui, %uz bytes",
                    (ngx_uint_t) ctx->frame.type, payload->len);
 
-    request = (ctx->endpoint == NGX_HTTP_OMNI_CHAT
-               || ctx->endpoint == NGX_HTTP_OMNI_COMPLETIONS);
+    ep = ctx->endpoint;
 
-    ngx_memzero(&err, sizeof(ngx_http_omni_error_t));
+    if (ep->reply && ctx->frame.type == ep->reply_frame) {
+        ctx->done = 1;
+        return ep->reply(r, ctx, payload);
+    }
+
+    completion = (ep->reply == NULL);
 
     switch (ctx->frame.type) {
 
     case OMNI_F_TEXT:
-        if (!request) {
+        if (!completion) {
             break;
         }
 
@@ -353,7 +326,7 @@ ngx_http_omni_header_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
         return NGX_AGAIN;
 
     case OMNI_F_DONE:
-        if (!request) {
+        if (!completion) {
             break;
         }
 
@@ -372,60 +345,13 @@ ngx_http_omni_header_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
                                        ngx_http_omni_completion_json(r, ctx));
 
     case OMNI_F_ERROR:
-        if (ngx_http_omni_engine_error(payload->data, payload->len, &err)
-            != NGX_OK)
-        {
+        if (ngx_http_omni_error_frame(r, ctx, payload, &err) != NGX_OK) {
             return ngx_http_omni_invalid_frame(r, ctx, "ERROR");
         }
-
-        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
-                      "omni engine error %ui: \"%V\"",
-                      err.status, &err.message);
 
         ctx->done = 1;
 
         return ngx_http_omni_reply_error(r, ctx, &err);
-
-    case OMNI_F_MODELS_R:
-        if (ctx->endpoint != NGX_HTTP_OMNI_MODELS
-            && ctx->endpoint != NGX_HTTP_OMNI_MODEL)
-        {
-            break;
-        }
-
-        ctx->done = 1;
-
-        rc = ngx_http_omni_models_json(r, ctx, payload->data, payload->len,
-                                       &b, &err);
-
-        if (rc == NGX_DECLINED) {
-            return ngx_http_omni_reply_error(r, ctx, &err);
-        }
-
-        if (rc != NGX_OK) {
-            return ngx_http_omni_invalid_frame(r, ctx, "MODELS_R");
-        }
-
-        return ngx_http_omni_reply_buf(r, ctx, NGX_HTTP_OK,
-                                       &ngx_http_omni_json_type, b);
-
-    case OMNI_F_HEALTH_R:
-        if (ctx->endpoint != NGX_HTTP_OMNI_HEALTH) {
-            break;
-        }
-
-        ctx->done = 1;
-
-        return ngx_http_omni_health_reply(r, ctx, payload);
-
-    case OMNI_F_METRICS_R:
-        if (ctx->endpoint != NGX_HTTP_OMNI_METRICS) {
-            break;
-        }
-
-        ctx->done = 1;
-
-        return ngx_http_omni_metrics_reply(r, ctx, payload);
     }
 
     ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
@@ -485,79 +411,35 @@ ngx_http_omni_gather(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 }
 
 
-/* HEALTH_R: u16 status (200 ready), then the reason */
+/* MODELS_R: OpenAI's model list, or the one model the URI names */
 
-static ngx_int_t
-ngx_http_omni_health_reply(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
+ngx_int_t
+ngx_http_omni_models_reply(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_str_t *payload)
 {
-    ngx_uint_t  ok;
+    ngx_buf_t              *b;
+    ngx_int_t               rc;
+    ngx_http_omni_error_t   err;
 
-    if (payload->len < 2) {
-        return ngx_http_omni_invalid_frame(r, ctx, "HEALTH_R");
+    ngx_memzero(&err, sizeof(ngx_http_omni_error_t));
+
+    rc = ngx_http_omni_models_json(r, ctx, payload->data, payload->len,
+                                   &b, &err);
+
+    if (rc == NGX_DECLINED) {
+        return ngx_http_omni_reply_error(r, ctx, &err);
     }
 
-    ok = omni_rd16(payload->data) == NGX_HTTP_OK;
+    if (rc != NGX_OK) {
+        return ngx_http_omni_invalid_frame(r, ctx, "MODELS_R");
+    }
 
-    return ngx_http_omni_reply_buf(r, ctx,
-                                   ok ? NGX_HTTP_OK
-                                      : NGX_HTTP_SERVICE_UNAVAILABLE,
-                                   &ngx_http_omni_json_type,
-                                   ngx_http_omni_health_json(r, ok,
-                                                             payload->data + 2,
-                                                             payload->len - 2));
+    return ngx_http_omni_reply_buf(r, ctx, NGX_HTTP_OK,
+                                   &ngx_http_omni_json_type, b);
 }
 
 
-/* METRICS_R: the engine's text, then the module's counters */
-
-static ngx_int_t
-ngx_http_omni_metrics_reply(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
-    ngx_str_t *payload)
-{
-    ngx_buf_t    *b;
-    ngx_chain_t  *cl;
-
-    /* the payload may be a view into u->buffer, which is read into again
-     * while the body goes out */
-
-    b = ngx_create_temp_buf(r->pool, payload->len ? payload->len : 1);
-    if (b == NULL) {
-        return NGX_ERROR;
-    }
-
-    b->last = ngx_cpymem(b->last, payload->data, payload->len);
-
-    cl = ngx_alloc_chain_link(r->pool);
-    if (cl == NULL) {
-        return NGX_ERROR;
-    }
-
-    cl->buf = b;
-
-    cl->next = ngx_alloc_chain_link(r->pool);
-    if (cl->next == NULL) {
-        return NGX_ERROR;
-    }
-
-    cl->next->buf = ngx_http_omni_metrics_text(r, 1);
-    if (cl->next->buf == NULL) {
-        return NGX_ERROR;
-    }
-
-    cl->next->next = NULL;
-
-    return ngx_http_omni_reply(r, ctx, NGX_HTTP_OK,
-                               &ngx_http_omni_metrics_type, cl);
-}
-
-
-/*
- * The response made before the header: status, Content-Type and
- * Content-Length; the body goes out in input_filter_init.
- */
-
-static ngx_int_t
+ngx_int_t
 ngx_http_omni_reply(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_uint_t status, ngx_str_t *type, ngx_chain_t *body)
 {
@@ -594,9 +476,7 @@ ngx_http_omni_reply(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 }
 
 
-/* The reply of one buffer b; b NULL (out of memory) is NGX_ERROR. */
-
-static ngx_int_t
+ngx_int_t
 ngx_http_omni_reply_buf(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_uint_t status, ngx_str_t *type, ngx_buf_t *b)
 {
@@ -618,7 +498,7 @@ ngx_http_omni_reply_buf(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 }
 
 
-static ngx_int_t
+ngx_int_t
 ngx_http_omni_reply_error(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_http_omni_error_t *err)
 {
@@ -628,10 +508,9 @@ ngx_http_omni_reply_error(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 }
 
 
-/* A frame the engine should not have sent: a 502 whose JSON the error
- * page filter writes from ctx->err. */
+/* The 502's JSON is the error page filter's, from ctx->err. */
 
-static ngx_int_t
+ngx_int_t
 ngx_http_omni_invalid_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     const char *what)
 {
@@ -643,6 +522,31 @@ ngx_http_omni_invalid_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_http_omni_engine_fault(NGX_HTTP_OMNI_ENGINE_INVALID, &ctx->err);
 
     return NGX_HTTP_UPSTREAM_INVALID_HEADER;
+}
+
+
+/* An ERROR frame, before the header or in a stream, as the OpenAI error
+ * err (views into the payload), logged at info: the client's request was
+ * refused, the engine did its job. NGX_ERROR: the payload is not an
+ * ERROR's; the caller names the frame invalid. */
+
+static ngx_int_t
+ngx_http_omni_error_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
+    ngx_str_t *payload, ngx_http_omni_error_t *err)
+{
+    ngx_memzero(err, sizeof(ngx_http_omni_error_t));
+
+    if (ngx_http_omni_engine_error(payload->data, payload->len, err)
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                  "omni engine error %ui%s: \"%V\"", err->status,
+                  ctx->header_sent ? " in a stream" : "", &err->message);
+
+    return NGX_OK;
 }
 
 
@@ -858,17 +762,8 @@ ngx_http_omni_stream_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 
     case OMNI_F_TEXT:
 
-        if (ctx->endpoint == NGX_HTTP_OMNI_CHAT && !ctx->role_sent) {
-            cl = ngx_http_omni_chunk_role(r, ctx);
-            if (cl == NULL) {
-                return NGX_ERROR;
-            }
-
-            ctx->role_sent = 1;
-
-            if (ngx_http_omni_send_event(r, ctx, cl) == NGX_ERROR) {
-                return NGX_ERROR;
-            }
+        if (ngx_http_omni_stream_role(r, ctx) != NGX_OK) {
+            return NGX_ERROR;
         }
 
         if (payload->len == 0) {
@@ -887,17 +782,9 @@ ngx_http_omni_stream_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
         return ngx_http_omni_stream_done(r, ctx, payload);
 
     case OMNI_F_ERROR:
-        ngx_memzero(&err, sizeof(ngx_http_omni_error_t));
-
-        if (ngx_http_omni_engine_error(payload->data, payload->len, &err)
-            != NGX_OK)
-        {
+        if (ngx_http_omni_error_frame(r, ctx, payload, &err) != NGX_OK) {
             return ngx_http_omni_invalid_frame(r, ctx, "ERROR");
         }
-
-        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
-                      "omni engine error %ui in a stream: \"%V\"",
-                      err.status, &err.message);
 
         return ngx_http_omni_stream_error(r, ctx, &err);
     }
@@ -907,6 +794,30 @@ ngx_http_omni_stream_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
                   (ngx_uint_t) ctx->frame.type);
 
     return ngx_http_omni_invalid_frame(r, ctx, NULL);
+}
+
+
+/* A chat stream's first chunk, the role, before its first text or its
+ * end: once. NGX_OK, or NGX_ERROR (no memory, the client is gone). */
+
+static ngx_int_t
+ngx_http_omni_stream_role(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
+{
+    ngx_chain_t  *cl;
+
+    if (ctx->role_sent || ctx->endpoint->kind != NGX_HTTP_OMNI_KIND_CHAT) {
+        return NGX_OK;
+    }
+
+    cl = ngx_http_omni_chunk_role(r, ctx);
+    if (cl == NULL) {
+        return NGX_ERROR;
+    }
+
+    ctx->role_sent = 1;
+
+    return ngx_http_omni_send_event(r, ctx, cl) == NGX_ERROR
+           ? NGX_ERROR : NGX_OK;
 }
 
 
@@ -925,17 +836,8 @@ ngx_http_omni_stream_done(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ctx->done = 1;
     ngx_http_omni_keepalive_stop(ctx);
 
-    if (ctx->endpoint == NGX_HTTP_OMNI_CHAT && !ctx->role_sent) {
-        cl = ngx_http_omni_chunk_role(r, ctx);
-        if (cl == NULL) {
-            return NGX_ERROR;
-        }
-
-        ctx->role_sent = 1;
-
-        if (ngx_http_omni_send_event(r, ctx, cl) == NGX_ERROR) {
-            return NGX_ERROR;
-        }
+    if (ngx_http_omni_stream_role(r, ctx) != NGX_OK) {
+        return NGX_ERROR;
     }
 
     cl = ngx_http_omni_chunk_finish(r, ctx);
@@ -1036,7 +938,7 @@ ngx_http_omni_finalize_request(ngx_http_request_t *r, ngx_int_t rc)
 
     if (!u->header_sent) {
 
-        /* nginx's error page follows; stream.c makes it JSON from
+        /* nginx's error page follows; output.c makes it JSON from
          * ctx->err */
 
         if (rc == NGX_HTTP_BAD_GATEWAY || rc == NGX_HTTP_GATEWAY_TIME_OUT) {

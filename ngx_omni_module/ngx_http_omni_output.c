@@ -5,7 +5,7 @@
 
 
 /*
- * ngx_http_omni_stream.c -- what goes out to the client.
+ * ngx_http_omni_output.c -- what goes out to the client.
  *
  * Responses the module makes itself (errors found by the handler, SSE
  * events) go through the whole output filter chain. An event is one
@@ -52,9 +52,9 @@ static void ngx_http_omni_keepalive_cleanup(void *data);
 static ngx_int_t ngx_http_omni_header_filter(ngx_http_request_t *r);
 static ngx_int_t ngx_http_omni_body_filter(ngx_http_request_t *r,
     ngx_chain_t *in);
-static ngx_int_t ngx_http_omni_error_page(ngx_http_request_t *r,
+static ngx_int_t ngx_http_omni_replace_page(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, ngx_uint_t status);
-static void ngx_http_omni_page_error(ngx_uint_t status,
+static void ngx_http_omni_status_error(ngx_uint_t status,
     ngx_http_omni_error_t *err);
 
 
@@ -504,7 +504,7 @@ ngx_http_omni_header_filter(ngx_http_request_t *r)
         ngx_http_set_ctx(r, ctx, ngx_http_omni_module);
     }
 
-    if (ngx_http_omni_error_page(r, ctx, status) != NGX_OK) {
+    if (ngx_http_omni_replace_page(r, ctx, status) != NGX_OK) {
         return NGX_ERROR;
     }
 
@@ -513,13 +513,12 @@ ngx_http_omni_header_filter(ngx_http_request_t *r)
 
 
 /*
- * The page in ctx->page, and the headers for it: an OpenAI error for the
- * API, the health JSON for omni_health, the module's own metrics for
- * omni_metrics when the engine cannot answer.
+ * The page in ctx->page, and the headers for it: an OpenAI error, or the
+ * endpoint's own page (omni_health, omni_metrics).
  */
 
 static ngx_int_t
-ngx_http_omni_error_page(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
+ngx_http_omni_replace_page(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_uint_t status)
 {
     ngx_buf_t              *b;
@@ -532,39 +531,16 @@ ngx_http_omni_error_page(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     } else {
         err = &page;
         ngx_memzero(err, sizeof(ngx_http_omni_error_t));
-        ngx_http_omni_page_error(status, err);
+        ngx_http_omni_status_error(status, err);
     }
 
-    ngx_str_set(&type, "application/json");
+    type = ngx_http_omni_json_type;
 
-    switch (ctx->endpoint) {
+    if (ctx->endpoint && ctx->endpoint->page) {
+        b = ctx->endpoint->page(r, err, status, &type);
 
-    case NGX_HTTP_OMNI_HEALTH:
-        if (err->status >= NGX_HTTP_INTERNAL_SERVER_ERROR) {
-            err->status = NGX_HTTP_SERVICE_UNAVAILABLE;
-        }
-
-        b = ngx_http_omni_health_json(r, 0, err->message.data,
-                                      err->message.len);
-        break;
-
-    case NGX_HTTP_OMNI_METRICS:
-        if (status == NGX_HTTP_BAD_GATEWAY
-            || status == NGX_HTTP_GATEWAY_TIME_OUT)
-        {
-            /* the module's counters are worth a scrape on their own */
-
-            err->status = NGX_HTTP_OK;
-            ngx_str_set(&type, "text/plain; version=0.0.4; charset=utf-8");
-            b = ngx_http_omni_metrics_text(r, 0);
-            break;
-        }
-
-        /* fall through */
-
-    default:
+    } else {
         b = ngx_http_omni_error_json(r, err);
-        break;
     }
 
     if (b == NULL) {
@@ -599,7 +575,7 @@ ngx_http_omni_error_page(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 /* An error page nginx made, as an OpenAI error. */
 
 static void
-ngx_http_omni_page_error(ngx_uint_t status, ngx_http_omni_error_t *err)
+ngx_http_omni_status_error(ngx_uint_t status, ngx_http_omni_error_t *err)
 {
     err->status = status;
 
