@@ -5,18 +5,28 @@
  *   ngx_http_omni_module.c    directives, configuration, the content
  *                             handler: method and URI dispatch, API keys,
  *                             request body, then the upstream (omni_pass)
+ *   ngx_http_omni_auth.c      API keys: the key file, the Bearer check
+ *   ngx_http_omni_body.c      the request body: read, parsed, then the
+ *                             upstream
  *   ngx_http_omni_request.c   OpenAI request bodies in: validated,
  *                             normalized into the engine's request JSON
  *   ngx_http_omni_upstream.c  upstream callbacks: the REQUEST or control
  *                             frame out, engine frames in (omni_proto.h),
  *                             turned into responses by the two below
+ *   ngx_http_omni_params.c    the checks of single fields, the 400s'
+ *                             words (ngx_http_omni_request.h: theirs)
  *   ngx_http_omni_json.c      yajl as the module uses it: the pre-scan
  *                             (json_scan.h), trees, yajl_gen helpers
+ *   ngx_http_omni_sse.c       a stream after its header: each engine
+ *                             frame one SSE event
  *   ngx_http_omni_openai.c    OpenAI JSON out: response bodies, SSE
  *                             chunks, errors, model lists
  *   ngx_http_omni_output.c    unbuffered output: one event, one flush,
  *                             event buffers recycled; the idle keep-alive
  *                             comment
+ *   ngx_http_omni_error.c     the OpenAI errors of the engine's failures,
+ *                             its ERROR frames and nginx's error pages;
+ *                             Retry-After
  *   ngx_http_omni_metrics.c   counters in shared memory (all workers),
  *                             omni_metrics and omni_health handlers
  *   ngx_omni_engine_module.c  CORE module: omni_engine, the sidecar that
@@ -68,7 +78,7 @@ typedef struct {
 
 
 /* How the engine itself failed a request, as opposed to an ERROR frame
- * it sent: each has one OpenAI error (ngx_http_omni_engine_fault()). */
+ * it sent: each has one OpenAI error (ngx_http_omni_error.c). */
 typedef enum {
     NGX_HTTP_OMNI_ENGINE_DOWN = 0,  /* 503: not reached */
     NGX_HTTP_OMNI_ENGINE_GONE,      /* 503: took the request, then closed */
@@ -84,7 +94,8 @@ typedef enum {
 typedef struct {
     ngx_str_t                   model;      /* as the client named it */
     ngx_str_t                   engine;     /* the request JSON for the
-                                               engine (engine/request/request.h) */
+                                               engine (engine/request/
+                                               request.h) */
     ngx_str_t                   seed;       /* decimal: the client's, or
                                                the one drawn for it */
     unsigned                    stream:1;
@@ -172,7 +183,6 @@ struct ngx_http_omni_ctx_s {
     ngx_chain_t                *text;           /* non-streaming: text
                                                    gathered so far */
     ngx_chain_t                *text_last;      /* its last link */
-    size_t                      text_len;
     OmniDone                    usage;
     ngx_chain_t                *out;            /* a whole body, made
                                                    before the header */
@@ -191,8 +201,6 @@ struct ngx_http_omni_ctx_s {
 
 typedef struct {
     ngx_http_upstream_conf_t    upstream;
-    ngx_http_complex_value_t   *complex_pass;   /* omni_pass with variables,
-                                                   unused: NULL */
     ngx_flag_t                  enabled;        /* the content handler here
                                                    is the module's */
     ngx_http_omni_endpoint_t   *endpoint;       /* omni_health/omni_metrics
@@ -223,11 +231,12 @@ extern ngx_module_t  ngx_http_omni_module;
  * that it is valid UTF-8 text (json_scan.h) and the fields the module acts
  * on (model, stream, stream_options, n, logprobs, max_completion_tokens /
  * max_tokens, modalities, tools, response_format, seed, ...) and writes
- * req->engine: the normalized request of engine/request/request.h with messages
- * or prompt, the seed (drawn when absent; req->seed) and the sampling
- * fields copied as given (the engine checks their types and ranges and
- * answers with an ERROR naming the param). Returns NGX_OK, NGX_DECLINED with err
- * filled (a 400), or NGX_ERROR (no memory). */
+ * req->engine: the normalized request of engine/request/request.h with
+ * messages or prompt, the seed (drawn when absent; req->seed) and the
+ * sampling fields copied as given (the engine checks their types and
+ * ranges and answers with an ERROR naming the param). ep->kind says
+ * which. Returns NGX_OK, NGX_DECLINED with err filled (a 400), or
+ * NGX_ERROR (no memory). The row's parser of chat and completions. */
 ngx_int_t ngx_http_omni_parse(ngx_http_request_t *r,
     ngx_http_omni_endpoint_t *ep, ngx_str_t *body, ngx_http_omni_req_t *req,
     ngx_http_omni_error_t *err);
@@ -281,9 +290,6 @@ ngx_chain_t *ngx_http_omni_chunk_done(ngx_http_request_t *r,
 ngx_int_t ngx_http_omni_models_json(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, u_char *json, size_t len, ngx_buf_t **out,
     ngx_http_omni_error_t *err);
-/* An engine ERROR payload as an OpenAI error (views into p). */
-ngx_int_t ngx_http_omni_engine_error(u_char *p, size_t len,
-    ngx_http_omni_error_t *err);
 /* x-omni-seed on a chat or completions response about to start. */
 ngx_int_t ngx_http_omni_seed_header(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx);
@@ -309,9 +315,48 @@ ngx_int_t ngx_http_omni_reply_error(ngx_http_request_t *r,
  * logged already): NGX_HTTP_UPSTREAM_INVALID_HEADER, a 502. */
 ngx_int_t ngx_http_omni_invalid_frame(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, const char *what);
+/* Reads one engine frame from *pos up to last, advancing *pos. NGX_OK: a
+ * whole frame, header in ctx->frame, payload in *payload (valid until the
+ * next call); NGX_AGAIN: every byte consumed, the frame not whole yet;
+ * NGX_HTTP_UPSTREAM_INVALID_HEADER; NGX_ERROR. */
+ngx_int_t ngx_http_omni_parse_frame(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, u_char **pos, u_char *last,
+    ngx_str_t *payload);
+/* An ERROR frame's payload as an OpenAI error, logged; NGX_ERROR: it is
+ * not an ERROR's. */
+ngx_int_t ngx_http_omni_error_frame(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_str_t *payload, ngx_http_omni_error_t *err);
 /* The endpoints' reply functions: MODELS_R (models, model). */
 ngx_int_t ngx_http_omni_models_reply(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, ngx_str_t *payload);
+
+
+/* ngx_http_omni_sse.c */
+/* The upstream input filter of a stream (u->input_filter_ctx is r). */
+ngx_int_t ngx_http_omni_input_filter(void *data, ssize_t bytes);
+/* An error after the stream began: one error event, and the stream is
+ * done. NGX_ERROR: the client is gone. */
+ngx_int_t ngx_http_omni_stream_error(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_http_omni_error_t *err);
+
+
+/* ngx_http_omni_error.c */
+/* The type an error of status has when it names none. */
+ngx_str_t *ngx_http_omni_error_type(ngx_uint_t status);
+/* The OpenAI error of an engine failure: err's fields point at static
+ * strings. */
+void ngx_http_omni_engine_fault(ngx_http_omni_fault_e fault,
+    ngx_http_omni_error_t *err);
+/* An engine ERROR payload as an OpenAI error (views into p); NGX_ERROR:
+ * not an ERROR payload. */
+ngx_int_t ngx_http_omni_engine_error(u_char *p, size_t len,
+    ngx_http_omni_error_t *err);
+/* An error page nginx made for status, as an OpenAI error. */
+void ngx_http_omni_status_error(ngx_uint_t status,
+    ngx_http_omni_error_t *err);
+/* Retry-After: 1 when status is 503, the answer of an engine that may be
+ * back soon; nothing otherwise. */
+ngx_int_t ngx_http_omni_retry_after(ngx_http_request_t *r, ngx_uint_t status);
 
 
 /* ngx_http_omni_output.c */
@@ -330,13 +375,6 @@ ngx_int_t ngx_http_omni_send_response(ngx_http_request_t *r,
     ngx_uint_t status, ngx_str_t *content_type, ngx_buf_t *b);
 ngx_int_t ngx_http_omni_send_error(ngx_http_request_t *r,
     ngx_http_omni_error_t *err);
-/* The OpenAI error of an engine failure: err's fields point at static
- * strings. */
-void ngx_http_omni_engine_fault(ngx_http_omni_fault_e fault,
-    ngx_http_omni_error_t *err);
-/* Retry-After: 1 when status is 503, the answer of an engine that may be
- * back soon; nothing otherwise. */
-ngx_int_t ngx_http_omni_retry_after(ngx_http_request_t *r, ngx_uint_t status);
 /* Content-Type, with content_type_len the part before ";". */
 void ngx_http_omni_set_content_type(ngx_http_request_t *r, ngx_str_t *type);
 /* Adds a response header line; value must outlive the request. */
@@ -381,6 +419,31 @@ ngx_buf_t *ngx_http_omni_metrics_page(ngx_http_request_t *r,
 ngx_int_t ngx_http_omni_metrics_add_zone(ngx_conf_t *cf);
 /* Counts each request of an omni location by endpoint and status. */
 ngx_int_t ngx_http_omni_metrics_init(ngx_conf_t *cf);
+
+/* ngx_http_omni_auth.c
+ *
+ * The request's "Authorization: Bearer KEY" against omni_api_keys: NGX_OK;
+ * NGX_DECLINED with err filled (a 401); NGX_ERROR: out of memory, a
+ * server fault, not a refused key. The key file read into olcf->api_keys
+ * (configuration time). */
+ngx_int_t ngx_http_omni_auth(ngx_http_request_t *r,
+    ngx_http_omni_loc_conf_t *olcf, ngx_http_omni_error_t *err);
+char *ngx_http_omni_read_keys(ngx_conf_t *cf,
+    ngx_http_omni_loc_conf_t *olcf);
+
+
+/* ngx_http_omni_body.c
+ *
+ * The largest request body read into memory: the engine's largest request
+ * (a body that big cannot become a smaller one but by fields the module
+ * ignores). A body over it: a 413, err filled, NGX_DECLINED. The body
+ * handler of ngx_http_read_client_request_body(). */
+#define NGX_HTTP_OMNI_MAX_BODY  OMNI_MAX_REQUEST
+
+ngx_int_t ngx_http_omni_too_large(ngx_http_request_t *r, off_t len,
+    ngx_http_omni_error_t *err);
+void ngx_http_omni_body_handler(ngx_http_request_t *r);
+
 
 /* ngx_http_omni_module.c: the endpoint of a request, its location's or
  * the one its URI names, NULL when none (also for requests answered

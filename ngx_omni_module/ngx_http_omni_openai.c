@@ -432,21 +432,16 @@ ngx_http_omni_error_len(ngx_http_omni_error_t *err)
 static u_char *
 ngx_http_omni_error_write(u_char *p, ngx_http_omni_error_t *err)
 {
+    ngx_str_t  *type;
+
     p = ngx_cpymem(p, "{\"error\":{\"message\":\"",
                    sizeof("{\"error\":{\"message\":\"") - 1);
     p = ngx_http_omni_escape(p, err->message.data, err->message.len);
     p = ngx_cpymem(p, "\",\"type\":\"", sizeof("\",\"type\":\"") - 1);
 
-    if (err->type.len) {
-        p = ngx_http_omni_escape(p, err->type.data, err->type.len);
+    type = err->type.len ? &err->type : ngx_http_omni_error_type(err->status);
 
-    } else if (err->status >= NGX_HTTP_INTERNAL_SERVER_ERROR) {
-        p = ngx_cpymem(p, "server_error", sizeof("server_error") - 1);
-
-    } else {
-        p = ngx_cpymem(p, "invalid_request_error",
-                       sizeof("invalid_request_error") - 1);
-    }
+    p = ngx_http_omni_escape(p, type->data, type->len);
 
     p = ngx_cpymem(p, "\",\"param\":", sizeof("\",\"param\":") - 1);
 
@@ -475,40 +470,6 @@ ngx_http_omni_error_write(u_char *p, ngx_http_omni_error_t *err)
 
 
 /* ---- engine replies ---- */
-
-ngx_int_t
-ngx_http_omni_engine_error(u_char *p, size_t len, ngx_http_omni_error_t *err)
-{
-    OmniError  e;
-
-    if (omni_error_decode(&e, p, len) != 0) {
-        return NGX_ERROR;
-    }
-
-    err->status = e.status;
-
-    err->type.data = (u_char *) e.type;
-    err->type.len = e.type_len;
-
-    if (err->type.len == 0) {
-        if (err->status >= NGX_HTTP_INTERNAL_SERVER_ERROR) {
-            ngx_str_set(&err->type, "server_error");
-
-        } else {
-            ngx_str_set(&err->type, "invalid_request_error");
-        }
-    }
-
-    err->param.data = (u_char *) e.param;
-    err->param.len = e.param_len;
-    err->code.data = (u_char *) e.code;
-    err->code.len = e.code_len;
-    err->message.data = (u_char *) e.message;
-    err->message.len = e.message_len;
-
-    return NGX_OK;
-}
-
 
 /*
  * The engine's {"data":[{"id","created","owned_by","max_model_len"}]}

@@ -37,12 +37,13 @@
  *    the same --lock-file and --replace (nginx always passes both): it
  *    finds the lock held, starts beside the live engine on <socket>.next,
  *    locks <state_dir>/engine.lock.next, and once ready renames both over
- *    the public names and sends the old engine SIGTERM (engine/frontend/frontend.c
- *    does all of that, so omni_pass never changes and no connect() ever
- *    finds the socket missing).  The cache manager watches: a new engine
- *    that holds engine.lock has taken over; one that dies first, or is not
- *    ready within omni_engine_start_timeout, is logged (with the last line
- *    of engine.log), stopped, and the old engine keeps serving until the
+ *    the public names and sends the old engine SIGTERM
+ *    (engine/frontend/frontend.c does all of that, so omni_pass never
+ *    changes and no connect() ever finds the socket missing).  The cache
+ *    manager watches: a new engine that holds engine.lock has taken over;
+ *    one that dies first, or is not ready within
+ *    omni_engine_start_timeout, is logged (with the last line of
+ *    engine.log), stopped, and the old engine keeps serving until the
  *    next reload.  A new engine left by an earlier cache manager (a reload
  *    during a replacement) is adopted when it runs the configured command
  *    line and stopped when it does not.
