@@ -2,35 +2,37 @@
 /*
  * ngx_http_omni_module.h -- what the files of ngx_omni_module share.
  *
- *   ngx_http_omni_module.c    directives, configuration, the content
- *                             handler: method and URI dispatch, API keys,
- *                             request body, then the upstream (omni_pass)
+ *   ngx_http_omni_module.c    directives, configuration, the endpoint
+ *                             table, the content handler: endpoint,
+ *                             method, API key, then body or upstream
  *   ngx_http_omni_auth.c      API keys: the key file, the Bearer check
- *   ngx_http_omni_body.c      the request body: read, parsed, then the
- *                             upstream
- *   ngx_http_omni_request.c   OpenAI request bodies in: validated,
- *                             normalized into the engine's request JSON
- *   ngx_http_omni_upstream.c  upstream callbacks: the REQUEST or control
- *                             frame out, engine frames in (omni_proto.h),
- *                             turned into responses by the two below
+ *   ngx_http_omni_body.c      the request body: read, parsed by the
+ *                             endpoint's parser, then the upstream
+ *   ngx_http_omni_request.c   OpenAI request bodies in: pre-scanned,
+ *                             checked, normalized into the engine's JSON
  *   ngx_http_omni_params.c    the checks of single fields, the 400s'
  *                             words (ngx_http_omni_request.h: theirs)
  *   ngx_http_omni_json.c      yajl as the module uses it: the pre-scan
  *                             (json_scan.h), trees, yajl_gen helpers
+ *   ngx_http_omni_upstream.c  upstream callbacks: the REQUEST or control
+ *                             frame out, the frame parser, the response
+ *                             decided from the first frames
  *   ngx_http_omni_sse.c       a stream after its header: each engine
  *                             frame one SSE event
  *   ngx_http_omni_openai.c    OpenAI JSON out: response bodies, SSE
  *                             chunks, errors, model lists
  *   ngx_http_omni_output.c    unbuffered output: one event, one flush,
  *                             event buffers recycled; the idle keep-alive
- *                             comment
+ *                             comment; the header and body filters that
+ *                             replace nginx's error pages
  *   ngx_http_omni_error.c     the OpenAI errors of the engine's failures,
  *                             its ERROR frames and nginx's error pages;
  *                             Retry-After
  *   ngx_http_omni_metrics.c   counters in shared memory (all workers),
- *                             omni_metrics and omni_health handlers
- *   ngx_omni_engine_module.c  CORE module: omni_engine, the sidecar that
+ *                             omni_metrics and omni_health responses
+ *   ngx_omni_engine_*.c       CORE module: omni_engine, the sidecar that
  *                             nginx's master starts and keeps alive
+ *                             (ngx_omni_engine_module.h)
  *
  * The wire protocol is ../engine/proto/omni_proto.h, included as it is.
  */
