@@ -6,7 +6,8 @@
 
 /*
  * ngx_http_omni_metrics.c -- the module's counters, shared by all
- * workers, and the bodies of omni_metrics and omni_health.
+ * workers, and the responses of omni_metrics and omni_health: their
+ * bodies, their endpoints' reply and error page functions.
  *
  * The counters live in one shared memory zone of fixed size that the
  * module adds itself when a location uses it; a reload keeps the zone and
@@ -51,18 +52,13 @@ static ngx_uint_t  ngx_http_omni_codes[NGX_HTTP_OMNI_CODES - 1] = {
 };
 
 
-/* label values, by ngx_http_omni_endpoint_e; the last: no endpoint */
+/* the label of the last series, requests whose URI names no endpoint;
+ * the others are the endpoints' own (ngx_http_omni_endpoints[]) */
+static ngx_str_t  ngx_http_omni_unknown = ngx_string("unknown");
 
-static ngx_str_t  ngx_http_omni_endpoint_names[NGX_HTTP_OMNI_SERIES] = {
-    ngx_string("chat_completions"),
-    ngx_string("completions"),
-    ngx_string("models"),
-    ngx_string("model"),
-    ngx_string("health"),
-    ngx_string("metrics"),
-    ngx_string("audio_speech"),
-    ngx_string("unknown")
-};
+static ngx_str_t  ngx_http_omni_json_type = ngx_string("application/json");
+static ngx_str_t  ngx_http_omni_metrics_type =
+    ngx_string("text/plain; version=0.0.4; charset=utf-8");
 
 
 static char  ngx_http_omni_metrics_head[] =
@@ -194,8 +190,9 @@ ngx_http_omni_count(ngx_http_request_t *r, ngx_http_omni_counter_e c)
 static ngx_int_t
 ngx_http_omni_log_handler(ngx_http_request_t *r)
 {
-    ngx_uint_t                 i, status, endpoint;
+    ngx_uint_t                 i, status, e;
     ngx_http_omni_ctx_t       *ctx;
+    ngx_http_omni_endpoint_t  *ep;
     ngx_http_omni_shm_t       *sh;
     ngx_http_omni_loc_conf_t  *olcf;
 
@@ -212,7 +209,10 @@ ngx_http_omni_log_handler(ngx_http_request_t *r)
 
     ctx = ngx_http_get_module_ctx(r, ngx_http_omni_module);
 
-    endpoint = ctx ? ctx->endpoint : ngx_http_omni_endpoint(r, olcf, NULL);
+    ep = ctx ? ctx->endpoint : ngx_http_omni_endpoint(r, olcf, NULL);
+
+    e = ep ? (ngx_uint_t) (ep - ngx_http_omni_endpoints)
+           : NGX_HTTP_OMNI_ENDPOINTS;
 
     /* what $status says */
     status = r->err_status ? r->err_status : r->headers_out.status;
@@ -223,7 +223,7 @@ ngx_http_omni_log_handler(ngx_http_request_t *r)
         }
     }
 
-    (void) ngx_atomic_fetch_add(&sh->requests[endpoint][i], 1);
+    (void) ngx_atomic_fetch_add(&sh->requests[e][i], 1);
 
     return NGX_OK;
 }
@@ -267,7 +267,10 @@ ngx_http_omni_metrics_text(ngx_http_request_t *r, ngx_uint_t engine_up)
 
                 b->last = ngx_sprintf(b->last,
                                  "omni_nginx_requests_total{endpoint=\"%V\","
-                                 "code=\"", &ngx_http_omni_endpoint_names[e]);
+                                 "code=\"",
+                                 e < NGX_HTTP_OMNI_ENDPOINTS
+                                 ? &ngx_http_omni_endpoints[e].label
+                                 : &ngx_http_omni_unknown);
 
                 if (i < NGX_HTTP_OMNI_CODES - 1) {
                     b->last = ngx_sprintf(b->last, "%ui",
@@ -330,4 +333,105 @@ ngx_http_omni_health_json(ngx_http_request_t *r, ngx_uint_t ready,
     b->last = ngx_cpymem(b->last, "\"}\n", sizeof("\"}\n") - 1);
 
     return b;
+}
+
+
+/* HEALTH_R: u16 status (200 ready), then the reason */
+
+ngx_int_t
+ngx_http_omni_health_reply(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
+    ngx_str_t *payload)
+{
+    ngx_uint_t  ok;
+
+    if (payload->len < 2) {
+        return ngx_http_omni_invalid_frame(r, ctx, "HEALTH_R");
+    }
+
+    ok = omni_rd16(payload->data) == NGX_HTTP_OK;
+
+    return ngx_http_omni_reply_buf(r, ctx,
+                                   ok ? NGX_HTTP_OK
+                                      : NGX_HTTP_SERVICE_UNAVAILABLE,
+                                   &ngx_http_omni_json_type,
+                                   ngx_http_omni_health_json(r, ok,
+                                                             payload->data + 2,
+                                                             payload->len - 2));
+}
+
+
+/* METRICS_R: the engine's text, then the module's counters */
+
+ngx_int_t
+ngx_http_omni_metrics_reply(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
+    ngx_str_t *payload)
+{
+    ngx_buf_t    *b;
+    ngx_chain_t  *cl;
+
+    /* the payload may be a view into u->buffer, which is read into again
+     * while the body goes out */
+
+    b = ngx_create_temp_buf(r->pool, payload->len ? payload->len : 1);
+    if (b == NULL) {
+        return NGX_ERROR;
+    }
+
+    b->last = ngx_cpymem(b->last, payload->data, payload->len);
+
+    cl = ngx_alloc_chain_link(r->pool);
+    if (cl == NULL) {
+        return NGX_ERROR;
+    }
+
+    cl->buf = b;
+
+    cl->next = ngx_alloc_chain_link(r->pool);
+    if (cl->next == NULL) {
+        return NGX_ERROR;
+    }
+
+    cl->next->buf = ngx_http_omni_metrics_text(r, 1);
+    if (cl->next->buf == NULL) {
+        return NGX_ERROR;
+    }
+
+    cl->next->next = NULL;
+
+    return ngx_http_omni_reply(r, ctx, NGX_HTTP_OK,
+                               &ngx_http_omni_metrics_type, cl);
+}
+
+
+/* omni_health's error page: not ready, with the error's words */
+
+ngx_buf_t *
+ngx_http_omni_health_page(ngx_http_request_t *r, ngx_http_omni_error_t *err,
+    ngx_uint_t status, ngx_str_t *type)
+{
+    if (err->status >= NGX_HTTP_INTERNAL_SERVER_ERROR) {
+        err->status = NGX_HTTP_SERVICE_UNAVAILABLE;
+    }
+
+    return ngx_http_omni_health_json(r, 0, err->message.data,
+                                     err->message.len);
+}
+
+
+/* omni_metrics' error page: when the engine cannot answer, the module's
+ * counters, worth a scrape on their own; else the OpenAI error */
+
+ngx_buf_t *
+ngx_http_omni_metrics_page(ngx_http_request_t *r, ngx_http_omni_error_t *err,
+    ngx_uint_t status, ngx_str_t *type)
+{
+    if (status != NGX_HTTP_BAD_GATEWAY && status != NGX_HTTP_GATEWAY_TIME_OUT)
+    {
+        return ngx_http_omni_error_json(r, err);
+    }
+
+    err->status = NGX_HTTP_OK;
+    *type = ngx_http_omni_metrics_type;
+
+    return ngx_http_omni_metrics_text(r, 0);
 }

@@ -9,12 +9,17 @@
  * handler.
  *
  * One location with omni_pass serves the whole API under it: the handler
- * routes on the URI (everything after the first "/v1/") and the method,
- * checks the API key, reads the body of POST requests and has
- * ngx_http_omni_request.c turn it into the engine's request, then hands the
- * request to nginx's upstream machinery (ngx_http_omni_upstream.c).
- * Client mistakes found here are answered at once with OpenAI's error
- * object; they never reach the engine.
+ * finds the request's row in the endpoint table (what follows the first
+ * "/v1/" in the URI, or the location's omni_health / omni_metrics),
+ * checks the method and the API key (ngx_http_omni_auth.c), has the body
+ * of an endpoint that takes one read and parsed (ngx_http_omni_body.c,
+ * the row's parser), then hands the request to nginx's upstream
+ * machinery (ngx_http_omni_upstream.c). Client mistakes found here are
+ * answered at once with OpenAI's error object; they never reach the
+ * engine.
+ *
+ * Everything that differs between endpoints is a field of their row in
+ * ngx_http_omni_endpoints[]: a new endpoint is a row and its functions.
  */
 
 
@@ -25,30 +30,12 @@
 #include "ngx_http_omni_module.h"
 
 
-#define NGX_HTTP_OMNI_KEYS_MAX_SIZE  (1024 * 1024)
-
-/* the largest request body read into memory: the engine's largest
- * request (a body that big cannot become a smaller one but by fields the
- * module ignores) */
-#define NGX_HTTP_OMNI_MAX_BODY       OMNI_MAX_REQUEST
-
-
 static ngx_int_t ngx_http_omni_handler(ngx_http_request_t *r);
 static ngx_http_omni_ctx_t *ngx_http_omni_create_ctx(ngx_http_request_t *r,
     ngx_http_omni_loc_conf_t *olcf);
-static ngx_int_t ngx_http_omni_check(ngx_http_request_t *r,
+static ngx_int_t ngx_http_omni_check_request(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, ngx_http_omni_loc_conf_t *olcf,
     ngx_http_omni_error_t *err);
-static ngx_int_t ngx_http_omni_auth(ngx_http_request_t *r,
-    ngx_http_omni_loc_conf_t *olcf, ngx_http_omni_error_t *err);
-static ngx_int_t ngx_http_omni_unauthorized(ngx_http_request_t *r,
-    ngx_http_omni_error_t *err, char *message, char *code);
-static ngx_uint_t ngx_http_omni_key_equal(ngx_str_t *token, ngx_str_t *key);
-static ngx_int_t ngx_http_omni_too_large(ngx_http_request_t *r, off_t len,
-    ngx_http_omni_error_t *err);
-static void ngx_http_omni_body_handler(ngx_http_request_t *r);
-static ngx_int_t ngx_http_omni_read_body(ngx_http_request_t *r,
-    ngx_str_t *body, ngx_http_omni_error_t *err);
 
 static ngx_int_t ngx_http_omni_init(ngx_conf_t *cf);
 static void *ngx_http_omni_create_main_conf(ngx_conf_t *cf);
@@ -63,8 +50,6 @@ static char *ngx_http_omni_endpoint_slot(ngx_conf_t *cf, ngx_command_t *cmd,
 static char *ngx_http_omni_api_keys(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static ngx_http_core_loc_conf_t *ngx_http_omni_enable(ngx_conf_t *cf,
-    ngx_http_omni_loc_conf_t *olcf);
-static char *ngx_http_omni_read_keys(ngx_conf_t *cf,
     ngx_http_omni_loc_conf_t *olcf);
 
 
@@ -123,14 +108,14 @@ static ngx_command_t  ngx_http_omni_commands[] = {
       NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
       ngx_http_omni_endpoint_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
-      NGX_HTTP_OMNI_HEALTH,
+      0,
       NULL },
 
     { ngx_string("omni_metrics"),
       NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
       ngx_http_omni_endpoint_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
-      NGX_HTTP_OMNI_METRICS,
+      0,
       NULL },
 
       ngx_null_command
@@ -171,6 +156,68 @@ ngx_module_t  ngx_http_omni_module = {
 static ngx_str_t  ngx_http_omni_request_id = ngx_string("request_id");
 
 
+/*
+ * The endpoints: a URI's path after "/v1/" or a directive names the row,
+ * and the row says everything else. The order is that of the metrics'
+ * series; the last series, "unknown", is for URIs that name none.
+ */
+
+ngx_http_omni_endpoint_t  ngx_http_omni_endpoints[NGX_HTTP_OMNI_ENDPOINTS] = {
+
+    { ngx_string("chat/completions"), ngx_null_string,
+      ngx_string("chat_completions"),
+      NGX_HTTP_POST, ngx_string("POST"),
+      NGX_HTTP_OMNI_KIND_CHAT, ngx_http_omni_parse,
+      OMNI_F_REQUEST, 0, NULL, NULL,
+      ngx_string("chatcmpl-"), 0 },
+
+    { ngx_string("completions"), ngx_null_string,
+      ngx_string("completions"),
+      NGX_HTTP_POST, ngx_string("POST"),
+      NGX_HTTP_OMNI_KIND_COMPLETION, ngx_http_omni_parse,
+      OMNI_F_REQUEST, 0, NULL, NULL,
+      ngx_string("cmpl-"), 0 },
+
+    { ngx_string("models"), ngx_null_string,
+      ngx_string("models"),
+      NGX_HTTP_GET|NGX_HTTP_HEAD, ngx_string("GET, HEAD"),
+      NGX_HTTP_OMNI_KIND_NONE, NULL,
+      OMNI_F_MODELS, OMNI_F_MODELS_R, ngx_http_omni_models_reply, NULL,
+      ngx_null_string, 0 },
+
+    { ngx_string("models/"), ngx_null_string,
+      ngx_string("model"),
+      NGX_HTTP_GET|NGX_HTTP_HEAD, ngx_string("GET, HEAD"),
+      NGX_HTTP_OMNI_KIND_NONE, NULL,
+      OMNI_F_MODELS, OMNI_F_MODELS_R, ngx_http_omni_models_reply, NULL,
+      ngx_null_string, 0 },
+
+    { ngx_null_string, ngx_string("omni_health"),
+      ngx_string("health"),
+      NGX_HTTP_GET|NGX_HTTP_HEAD, ngx_string("GET, HEAD"),
+      NGX_HTTP_OMNI_KIND_NONE, NULL,
+      OMNI_F_HEALTH, OMNI_F_HEALTH_R, ngx_http_omni_health_reply,
+      ngx_http_omni_health_page,
+      ngx_null_string, 1 },
+
+    { ngx_null_string, ngx_string("omni_metrics"),
+      ngx_string("metrics"),
+      NGX_HTTP_GET|NGX_HTTP_HEAD, ngx_string("GET, HEAD"),
+      NGX_HTTP_OMNI_KIND_NONE, NULL,
+      OMNI_F_METRICS, OMNI_F_METRICS_R, ngx_http_omni_metrics_reply,
+      ngx_http_omni_metrics_page,
+      ngx_null_string, 1 },
+
+    /* not built yet: answered 501 once the key is checked */
+    { ngx_string("audio/speech"), ngx_null_string,
+      ngx_string("audio_speech"),
+      NGX_HTTP_POST, ngx_string("POST"),
+      NGX_HTTP_OMNI_KIND_NONE, NULL,
+      0, 0, NULL, NULL,
+      ngx_null_string, 0 }
+};
+
+
 static ngx_int_t
 ngx_http_omni_handler(ngx_http_request_t *r)
 {
@@ -188,7 +235,7 @@ ngx_http_omni_handler(ngx_http_request_t *r)
 
     ngx_memzero(&err, sizeof(ngx_http_omni_error_t));
 
-    rc = ngx_http_omni_check(r, ctx, olcf, &err);
+    rc = ngx_http_omni_check_request(r, ctx, olcf, &err);
 
     if (rc == NGX_ERROR) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
@@ -207,9 +254,7 @@ ngx_http_omni_handler(ngx_http_request_t *r)
         return ngx_http_omni_send_error(r, &err);
     }
 
-    if (ctx->endpoint == NGX_HTTP_OMNI_CHAT
-        || ctx->endpoint == NGX_HTTP_OMNI_COMPLETIONS)
-    {
+    if (ctx->endpoint->parse) {
         r->request_body_in_single_buf = 1;
 
         rc = ngx_http_read_client_request_body(r,
@@ -285,22 +330,21 @@ ngx_http_omni_create_ctx(ngx_http_request_t *r,
     ctx->request_id.len = vv->len;
     ctx->request_id.data = vv->data;
 
+    if (ctx->endpoint == NULL || ctx->endpoint->id_prefix.len == 0) {
+        return ctx;
+    }
+
     /* "chatcmpl-" or "cmpl-", then the request id */
 
-    p = ngx_pnalloc(r->pool, sizeof("chatcmpl-") - 1 + vv->len);
+    p = ngx_pnalloc(r->pool, ctx->endpoint->id_prefix.len + vv->len);
     if (p == NULL) {
         return NULL;
     }
 
     ctx->id.data = p;
 
-    if (ctx->endpoint == NGX_HTTP_OMNI_CHAT) {
-        p = ngx_cpymem(p, "chatcmpl-", sizeof("chatcmpl-") - 1);
-
-    } else {
-        p = ngx_cpymem(p, "cmpl-", sizeof("cmpl-") - 1);
-    }
-
+    p = ngx_cpymem(p, ctx->endpoint->id_prefix.data,
+                   ctx->endpoint->id_prefix.len);
     p = ngx_cpymem(p, vv->data, vv->len);
 
     ctx->id.len = p - ctx->id.data;
@@ -311,24 +355,26 @@ ngx_http_omni_create_ctx(ngx_http_request_t *r,
 
 /*
  * The endpoint of a request: the location's own (omni_health,
- * omni_metrics), else what follows the first "/v1/" in the URI.
- * NGX_HTTP_OMNI_ENDPOINTS when the URI names none. Can't fail.
+ * omni_metrics), else the row whose path follows the first "/v1/" in the
+ * URI. NULL when the URI names none. Can't fail.
  */
 
-ngx_http_omni_endpoint_e
+ngx_http_omni_endpoint_t *
 ngx_http_omni_endpoint(ngx_http_request_t *r, ngx_http_omni_loc_conf_t *olcf,
     ngx_str_t *model_id)
 {
-    u_char     *p, *last;
-    ngx_str_t   path;
+    u_char                    *p, *last;
+    ngx_str_t                  path;
+    ngx_uint_t                 i;
+    ngx_http_omni_endpoint_t  *ep;
 
-    if (olcf->handler != NGX_HTTP_OMNI_ENDPOINTS) {
-        return olcf->handler;
+    if (olcf->endpoint) {
+        return olcf->endpoint;
     }
 
     p = ngx_strnstr(r->uri.data, "/v1/", r->uri.len);
     if (p == NULL) {
-        return NGX_HTTP_OMNI_ENDPOINTS;
+        return NULL;
     }
 
     last = r->uri.data + r->uri.len;
@@ -336,44 +382,39 @@ ngx_http_omni_endpoint(ngx_http_request_t *r, ngx_http_omni_loc_conf_t *olcf,
     path.data = p + sizeof("/v1/") - 1;
     path.len = last - path.data;
 
-    if (path.len == sizeof("chat/completions") - 1
-        && ngx_strncmp(path.data, "chat/completions", path.len) == 0)
-    {
-        return NGX_HTTP_OMNI_CHAT;
-    }
+    for (i = 0; i < NGX_HTTP_OMNI_ENDPOINTS; i++) {
+        ep = &ngx_http_omni_endpoints[i];
 
-    if (path.len == sizeof("completions") - 1
-        && ngx_strncmp(path.data, "completions", path.len) == 0)
-    {
-        return NGX_HTTP_OMNI_COMPLETIONS;
-    }
+        if (ep->path.len == 0 || path.len < ep->path.len
+            || ngx_strncmp(path.data, ep->path.data, ep->path.len) != 0)
+        {
+            continue;
+        }
 
-    if (path.len == sizeof("models") - 1
-        && ngx_strncmp(path.data, "models", path.len) == 0)
-    {
-        return NGX_HTTP_OMNI_MODELS;
-    }
+        if (ep->path.data[ep->path.len - 1] != '/') {
 
-    if (path.len > sizeof("models/") - 1
-        && ngx_strncmp(path.data, "models/", sizeof("models/") - 1) == 0)
-    {
+            if (path.len == ep->path.len) {
+                return ep;
+            }
+
+            continue;
+        }
+
+        if (path.len == ep->path.len) {
+            continue;
+        }
+
         /* r->uri is decoded already: "a%2Fb" is "a/b" here */
 
         if (model_id) {
-            model_id->data = path.data + sizeof("models/") - 1;
+            model_id->data = path.data + ep->path.len;
             model_id->len = last - model_id->data;
         }
 
-        return NGX_HTTP_OMNI_MODEL;
+        return ep;
     }
 
-    if (path.len == sizeof("audio/speech") - 1
-        && ngx_strncmp(path.data, "audio/speech", path.len) == 0)
-    {
-        return NGX_HTTP_OMNI_SPEECH;
-    }
-
-    return NGX_HTTP_OMNI_ENDPOINTS;
+    return NULL;
 }
 
 
@@ -383,16 +424,18 @@ ngx_http_omni_endpoint(ngx_http_request_t *r, ngx_http_omni_loc_conf_t *olcf,
  */
 
 static ngx_int_t
-ngx_http_omni_check(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
+ngx_http_omni_check_request(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_http_omni_loc_conf_t *olcf, ngx_http_omni_error_t *err)
 {
-    ngx_int_t   rc;
-    ngx_str_t   allow, *msg;
-    ngx_uint_t  methods;
+    ngx_int_t                  rc;
+    ngx_str_t                 *msg;
+    ngx_http_omni_endpoint_t  *ep;
 
     static ngx_str_t  allow_key = ngx_string("Allow");
 
-    if (ctx->endpoint == NGX_HTTP_OMNI_ENDPOINTS) {
+    ep = ctx->endpoint;
+
+    if (ep == NULL) {
         msg = &err->message;
 
         msg->data = ngx_pnalloc(r->pool, sizeof("Invalid URL ( )") - 1
@@ -411,22 +454,7 @@ ngx_http_omni_check(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
         return NGX_DECLINED;
     }
 
-    switch (ctx->endpoint) {
-
-    case NGX_HTTP_OMNI_CHAT:
-    case NGX_HTTP_OMNI_COMPLETIONS:
-    case NGX_HTTP_OMNI_SPEECH:
-        methods = NGX_HTTP_POST;
-        ngx_str_set(&allow, "POST");
-        break;
-
-    default: /* models, model, health, metrics */
-        methods = NGX_HTTP_GET|NGX_HTTP_HEAD;
-        ngx_str_set(&allow, "GET, HEAD");
-        break;
-    }
-
-    if (!(r->method & methods)) {
+    if (!(r->method & ep->methods)) {
         msg = &err->message;
 
         msg->data = ngx_pnalloc(r->pool,
@@ -443,16 +471,14 @@ ngx_http_omni_check(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
         err->status = NGX_HTTP_NOT_ALLOWED;
         ngx_str_set(&err->type, "invalid_request_error");
 
-        if (ngx_http_omni_add_header(r, &allow_key, &allow) != NGX_OK) {
+        if (ngx_http_omni_add_header(r, &allow_key, &ep->allow) != NGX_OK) {
             return NGX_ERROR;
         }
 
         return NGX_DECLINED;
     }
 
-    if (ctx->endpoint == NGX_HTTP_OMNI_HEALTH
-        || ctx->endpoint == NGX_HTTP_OMNI_METRICS)
-    {
+    if (ep->probe) {
         return NGX_OK;
     }
 
@@ -477,311 +503,25 @@ ngx_http_omni_check(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
                                        err);
     }
 
-    if (ctx->endpoint == NGX_HTTP_OMNI_SPEECH) {
+    if (ep->frame == 0) {
+        msg = &err->message;
+
+        msg->data = ngx_pnalloc(r->pool,
+                                sizeof(" /v1/ is not implemented yet") - 1
+                                + r->method_name.len + ep->path.len);
+        if (msg->data == NULL) {
+            return NGX_ERROR;
+        }
+
+        msg->len = ngx_sprintf(msg->data, "%V /v1/%V is not implemented yet",
+                               &r->method_name, &ep->path)
+                   - msg->data;
+
         err->status = NGX_HTTP_NOT_IMPLEMENTED;
         ngx_str_set(&err->type, "invalid_request_error");
-        ngx_str_set(&err->message,
-                    "POST /v1/audio/speech is not implemented yet");
+
         return NGX_DECLINED;
     }
-
-    return NGX_OK;
-}
-
-
-/*
- * "Authorization: Bearer KEY" against omni_api_keys: every key is
- * compared, each in time that does not depend on where the bytes differ.
- * NGX_OK; NGX_DECLINED with err filled (a 401, WWW-Authenticate added);
- * NGX_ERROR when memory ran out, err left as it was: a server fault, not
- * a refused key (nginx's allocator has logged it, at emerg).
- *
- * Neither the header nor the key is ever logged, at any level, nor
- * echoed in the error. (nginx itself logs a duplicate Authorization line,
- * a header line it cannot parse and one over large_client_header_buffers
- * at info, with the value, before any module runs; and every header at
- * debug.)
- */
-
-static ngx_int_t
-ngx_http_omni_auth(ngx_http_request_t *r, ngx_http_omni_loc_conf_t *olcf,
-    ngx_http_omni_error_t *err)
-{
-    u_char           *p, *last;
-    ngx_str_t         token, *key;
-    ngx_uint_t        i, found;
-    ngx_table_elt_t  *h;
-
-    if (olcf->api_keys == NULL) {
-        return NGX_OK;
-    }
-
-    h = r->headers_in.authorization;
-
-    token.len = 0;
-
-    if (h != NULL
-        && h->value.len > sizeof("Bearer ") - 1
-        && ngx_strncasecmp(h->value.data, (u_char *) "Bearer ",
-                           sizeof("Bearer ") - 1) == 0)
-    {
-        p = h->value.data + sizeof("Bearer ") - 1;
-        last = h->value.data + h->value.len;
-
-        while (p < last && *p == ' ') {
-            p++;
-        }
-
-        while (last > p && last[-1] == ' ') {
-            last--;
-        }
-
-        token.data = p;
-        token.len = last - p;
-    }
-
-    if (token.len == 0) {
-        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
-                      "omni: no API key in the request");
-
-        return ngx_http_omni_unauthorized(r, err,
-                   "You didn't provide an API key. You need to provide "
-                   "your API key in an Authorization header using Bearer "
-                   "auth (i.e. Authorization: Bearer YOUR_KEY).", NULL);
-    }
-
-    found = 0;
-    key = olcf->api_keys->elts;
-
-    for (i = 0; i < olcf->api_keys->nelts; i++) {
-        found |= ngx_http_omni_key_equal(&token, &key[i]);
-    }
-
-    if (!found) {
-        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
-                      "omni: invalid API key");
-
-        return ngx_http_omni_unauthorized(r, err,
-                                          "Incorrect API key provided.",
-                                          "invalid_api_key");
-    }
-
-    return NGX_OK;
-}
-
-
-/* The 401, with the WWW-Authenticate it must carry (RFC 9110 11.6.1),
- * added here only, once the key is refused: no other answer has it.
- * Returns NGX_DECLINED; NGX_ERROR (out of memory) before err is touched,
- * so that a 401 is never half made. */
-
-static ngx_int_t
-ngx_http_omni_unauthorized(ngx_http_request_t *r, ngx_http_omni_error_t *err,
-    char *message, char *code)
-{
-    static ngx_str_t  www_key = ngx_string("WWW-Authenticate");
-    static ngx_str_t  www_value = ngx_string("Bearer");
-
-    if (ngx_http_omni_add_header(r, &www_key, &www_value) != NGX_OK) {
-        return NGX_ERROR;
-    }
-
-    err->status = NGX_HTTP_UNAUTHORIZED;
-    ngx_str_set(&err->type, "invalid_request_error");
-
-    err->message.data = (u_char *) message;
-    err->message.len = ngx_strlen(message);
-
-    if (code != NULL) {
-        err->code.data = (u_char *) code;
-        err->code.len = ngx_strlen(code);
-    }
-
-    return NGX_DECLINED;
-}
-
-
-/* A body over NGX_HTTP_OMNI_MAX_BODY: 413, so that what a request holds in
- * memory stays bounded even with client_max_body_size 0. */
-
-static ngx_int_t
-ngx_http_omni_too_large(ngx_http_request_t *r, off_t len,
-    ngx_http_omni_error_t *err)
-{
-    ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
-                  "client sent too large omni request body: %O bytes", len);
-
-    err->status = NGX_HTTP_REQUEST_ENTITY_TOO_LARGE;
-    ngx_str_set(&err->type, "invalid_request_error");
-    ngx_str_set(&err->message, "The request body is too large.");
-
-    return NGX_DECLINED;
-}
-
-
-static ngx_uint_t
-ngx_http_omni_key_equal(ngx_str_t *token, ngx_str_t *key)
-{
-    u_char      d;
-    ngx_uint_t  i;
-
-    /* the time depends on the length of the key only */
-
-    d = (u_char) (token->len != key->len);
-
-    for (i = 0; i < key->len; i++) {
-        d |= key->data[i] ^ token->data[i < token->len ? i : 0];
-    }
-
-    return d == 0;
-}
-
-
-static void
-ngx_http_omni_body_handler(ngx_http_request_t *r)
-{
-    ngx_int_t                  rc;
-    ngx_str_t                  body;
-    ngx_http_omni_ctx_t       *ctx;
-    ngx_http_omni_error_t      err;
-    ngx_http_omni_loc_conf_t  *olcf;
-
-    ctx = ngx_http_get_module_ctx(r, ngx_http_omni_module);
-    olcf = ngx_http_get_module_loc_conf(r, ngx_http_omni_module);
-
-    ngx_memzero(&err, sizeof(ngx_http_omni_error_t));
-
-    rc = ngx_http_omni_read_body(r, &body, &err);
-
-    if (rc == NGX_OK) {
-        rc = ngx_http_omni_parse(r, ctx->endpoint, &body, &ctx->req, &err);
-    }
-
-    if (rc == NGX_ERROR) {
-        ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
-        return;
-    }
-
-    if (rc == NGX_OK && ctx->req.engine.len > OMNI_MAX_REQUEST) {
-        err.status = NGX_HTTP_REQUEST_ENTITY_TOO_LARGE;
-        ngx_str_set(&err.type, "invalid_request_error");
-        ngx_str_set(&err.message, "The request is too large.");
-        rc = NGX_DECLINED;
-    }
-
-    if (rc == NGX_DECLINED) {
-        /* ngx_http_omni_read_body() or ngx_http_omni_parse() logged it */
-        ngx_http_finalize_request(r, ngx_http_omni_send_error(r, &err));
-        return;
-    }
-
-    ngx_log_debug3(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                   "omni request: model \"%V\" stream:%ui engine %uz bytes",
-                   &ctx->req.model, (ngx_uint_t) ctx->req.stream,
-                   ctx->req.engine.len);
-
-    if (ngx_http_omni_upstream_create(r, olcf) != NGX_OK) {
-        ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
-        return;
-    }
-
-    /* the reference ngx_http_read_client_request_body() took is the
-     * upstream's now */
-
-    ngx_http_upstream_init(r);
-}
-
-
-/*
- * The request body as one string: the buffer itself when nginx kept it
- * in one, else a copy. r->request_body->bufs holds what nginx's body
- * filters saved: buffers in memory (r->header_in, rb->buf), or one buffer
- * of the temporary file (a body over client_body_buffer_size, or
- * client_body_in_file_only), and buffers with no data at all: the
- * last_buf that ends a chunked or HTTP/2 body, alone for an empty one.
- * No body at all (no length, an HTTP/2 request without DATA) is an empty
- * string: the parser answers 400 for it.
- *
- * NGX_OK; NGX_DECLINED with err filled: a body over NGX_HTTP_OMNI_MAX_BODY
- * (413), refused before it is copied, so that what a request holds in
- * memory stays bounded even with client_max_body_size 0; NGX_ERROR.
- */
-
-static ngx_int_t
-ngx_http_omni_read_body(ngx_http_request_t *r, ngx_str_t *body,
-    ngx_http_omni_error_t *err)
-{
-    u_char       *p;
-    off_t         len;
-    size_t        size;
-    ssize_t       n;
-    ngx_buf_t    *b;
-    ngx_chain_t  *cl;
-
-    ngx_str_null(body);
-
-    if (r->request_body == NULL || r->request_body->bufs == NULL) {
-        return NGX_OK;
-    }
-
-    len = 0;
-
-    for (cl = r->request_body->bufs; cl; cl = cl->next) {
-        len += ngx_buf_size(cl->buf);
-    }
-
-    if (len > NGX_HTTP_OMNI_MAX_BODY) {
-        /* a chunked body: its size is known only now */
-        return ngx_http_omni_too_large(r, len, err);
-    }
-
-    cl = r->request_body->bufs;
-
-    if (cl->next == NULL && ngx_buf_in_memory(cl->buf)) {
-        body->data = cl->buf->pos;
-        body->len = cl->buf->last - cl->buf->pos;
-        return NGX_OK;
-    }
-
-    p = ngx_pnalloc(r->pool, len ? (size_t) len : 1);
-    if (p == NULL) {
-        return NGX_ERROR;
-    }
-
-    body->data = p;
-
-    for ( /* void */ ; cl; cl = cl->next) {
-        b = cl->buf;
-
-        if (ngx_buf_in_memory(b)) {
-            p = ngx_cpymem(p, b->pos, b->last - b->pos);
-            continue;
-        }
-
-        if (!b->in_file) {
-            /* last_buf or flush: no data, and no file to read */
-            continue;
-        }
-
-        size = (size_t) (b->file_last - b->file_pos);
-
-        n = ngx_read_file(b->file, p, size, b->file_pos);
-
-        if (n == NGX_ERROR) {
-            return NGX_ERROR;
-        }
-
-        if ((size_t) n != size) {
-            ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
-                          ngx_read_file_n " read only %z of %uz bytes "
-                          "of the request body", n, size);
-            return NGX_ERROR;
-        }
-
-        p += n;
-    }
-
-    body->len = p - body->data;
 
     return NGX_OK;
 }
@@ -845,8 +585,8 @@ ngx_http_omni_create_loc_conf(ngx_conf_t *cf)
      *
      *     conf->upstream.next_upstream = 0;
      *     conf->upstream.hide_headers_hash = { NULL, 0 };
-     *     conf->complex_pass = NULL;
      *     conf->enabled = 0;
+     *     conf->endpoint = NULL;
      *     conf->api_keys_file = { 0, NULL };
      */
 
@@ -883,8 +623,6 @@ ngx_http_omni_create_loc_conf(ngx_conf_t *cf)
     conf->upstream.buffering = 0;
 
     ngx_str_set(&conf->upstream.module, "omni");
-
-    conf->handler = NGX_HTTP_OMNI_ENDPOINTS;
 
     return conf;
 }
@@ -934,9 +672,7 @@ ngx_http_omni_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     ngx_conf_merge_msec_value(conf->health_timeout,
                               prev->health_timeout, 3000);
 
-    if (conf->handler == NGX_HTTP_OMNI_HEALTH
-        || conf->handler == NGX_HTTP_OMNI_METRICS)
-    {
+    if (conf->endpoint && conf->endpoint->probe) {
         /* a stopped engine still accepts (the kernel does it) and never
          * answers: a probe must not wait omni_read_timeout for that */
 
@@ -955,13 +691,10 @@ ngx_http_omni_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
         conf->upstream.upstream = prev->upstream.upstream;
     }
 
-    if (conf->handler != NGX_HTTP_OMNI_ENDPOINTS
-        && conf->upstream.upstream == NULL)
-    {
+    if (conf->endpoint && conf->upstream.upstream == NULL) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "\"%s\" needs \"omni_pass\" in its location",
-                           conf->handler == NGX_HTTP_OMNI_HEALTH
-                           ? "omni_health" : "omni_metrics");
+                           "\"%V\" needs \"omni_pass\" in its location",
+                           &conf->endpoint->directive);
         return NGX_CONF_ERROR;
     }
 
@@ -1007,18 +740,33 @@ ngx_http_omni_pass(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 }
 
 
-/* omni_health and omni_metrics: cmd->offset is the endpoint */
+/* omni_health and omni_metrics: the location is the endpoint whose row
+ * names the directive */
 
 static char *
 ngx_http_omni_endpoint_slot(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
     ngx_http_omni_loc_conf_t *olcf = conf;
 
-    if (olcf->handler != NGX_HTTP_OMNI_ENDPOINTS) {
+    ngx_uint_t  i;
+
+    if (olcf->endpoint) {
         return "is duplicate";
     }
 
-    olcf->handler = (ngx_http_omni_endpoint_e) cmd->offset;
+    for (i = 0; i < NGX_HTTP_OMNI_ENDPOINTS; i++) {
+        if (ngx_http_omni_endpoints[i].directive.len == cmd->name.len
+            && ngx_strncmp(ngx_http_omni_endpoints[i].directive.data,
+                           cmd->name.data, cmd->name.len) == 0)
+        {
+            olcf->endpoint = &ngx_http_omni_endpoints[i];
+            break;
+        }
+    }
+
+    if (olcf->endpoint == NULL) {
+        return "has no endpoint";
+    }
 
     return ngx_http_omni_enable(cf, olcf) ? NGX_CONF_OK : NGX_CONF_ERROR;
 }
@@ -1074,117 +822,3 @@ ngx_http_omni_api_keys(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 }
 
 
-/* One key a line; blank lines and lines starting with "#" are skipped,
- * spaces around a key are not part of it. */
-
-static char *
-ngx_http_omni_read_keys(ngx_conf_t *cf, ngx_http_omni_loc_conf_t *olcf)
-{
-    u_char           *buf, *p, *last, *eol, *start, *end;
-    ssize_t           n;
-    ngx_str_t        *key;
-    ngx_file_t        file;
-    ngx_file_info_t   fi;
-
-    ngx_memzero(&file, sizeof(ngx_file_t));
-
-    file.name = olcf->api_keys_file;
-    file.log = cf->log;
-
-    file.fd = ngx_open_file(file.name.data, NGX_FILE_RDONLY,
-                            NGX_FILE_OPEN, 0);
-
-    if (file.fd == NGX_INVALID_FILE) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, ngx_errno,
-                           ngx_open_file_n " \"%s\" failed", file.name.data);
-        return NGX_CONF_ERROR;
-    }
-
-    buf = NULL;
-    n = 0;
-
-    if (ngx_fd_info(file.fd, &fi) == NGX_FILE_ERROR) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, ngx_errno,
-                           ngx_fd_info_n " \"%s\" failed", file.name.data);
-        goto failed;
-    }
-
-    if (ngx_file_size(&fi) > NGX_HTTP_OMNI_KEYS_MAX_SIZE) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "\"%s\" is larger than %d bytes",
-                           file.name.data, NGX_HTTP_OMNI_KEYS_MAX_SIZE);
-        goto failed;
-    }
-
-    buf = ngx_pnalloc(cf->pool, (size_t) ngx_file_size(&fi) + 1);
-    if (buf == NULL) {
-        goto failed;
-    }
-
-    n = ngx_read_file(&file, buf, (size_t) ngx_file_size(&fi), 0);
-
-    if (n == NGX_ERROR) {
-        goto failed;
-    }
-
-    if (ngx_close_file(file.fd) == NGX_FILE_ERROR) {
-        ngx_conf_log_error(NGX_LOG_ALERT, cf, ngx_errno,
-                           ngx_close_file_n " \"%s\" failed", file.name.data);
-    }
-
-    olcf->api_keys = ngx_array_create(cf->pool, 4, sizeof(ngx_str_t));
-    if (olcf->api_keys == NULL) {
-        return NGX_CONF_ERROR;
-    }
-
-    last = buf + n;
-
-    for (p = buf; p < last; p = eol + 1) {
-        eol = ngx_strlchr(p, last, '\n');
-        if (eol == NULL) {
-            eol = last;
-        }
-
-        start = p;
-        end = eol;
-
-        while (start < end && (*start == ' ' || *start == '\t')) {
-            start++;
-        }
-
-        while (end > start
-               && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\r'))
-        {
-            end--;
-        }
-
-        if (start == end || *start == '#') {
-            continue;
-        }
-
-        key = ngx_array_push(olcf->api_keys);
-        if (key == NULL) {
-            return NGX_CONF_ERROR;
-        }
-
-        key->data = start;
-        key->len = end - start;
-    }
-
-    if (olcf->api_keys->nelts == 0) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "no API keys in \"%s\"", file.name.data);
-        return NGX_CONF_ERROR;
-    }
-
-    return NGX_CONF_OK;
-
-failed:
-
-    if (ngx_close_file(file.fd) == NGX_FILE_ERROR) {
-        ngx_conf_log_error(NGX_LOG_ALERT, cf, ngx_errno,
-                           ngx_close_file_n " \"%s\" failed", file.name.data);
-    }
-
-    return NGX_CONF_ERROR;
-}

@@ -2,23 +2,37 @@
 /*
  * ngx_http_omni_module.h -- what the files of ngx_omni_module share.
  *
- *   ngx_http_omni_module.c    directives, configuration, the content
- *                             handler: method and URI dispatch, API keys,
- *                             request body, then the upstream (omni_pass)
- *   ngx_http_omni_request.c   OpenAI request bodies in: validated,
- *                             normalized into the engine's request JSON
+ *   ngx_http_omni_module.c    directives, configuration, the endpoint
+ *                             table, the content handler: endpoint,
+ *                             method, API key, then body or upstream
+ *   ngx_http_omni_auth.c      API keys: the key file, the Bearer check
+ *   ngx_http_omni_body.c      the request body: read, parsed by the
+ *                             endpoint's parser, then the upstream
+ *   ngx_http_omni_request.c   OpenAI request bodies in: pre-scanned,
+ *                             checked, normalized into the engine's JSON
+ *   ngx_http_omni_params.c    the checks of single fields, the 400s'
+ *                             words (ngx_http_omni_request.h: theirs)
+ *   ngx_http_omni_json.c      yajl as the module uses it: the pre-scan
+ *                             (json_scan.h), trees, yajl_gen helpers
  *   ngx_http_omni_upstream.c  upstream callbacks: the REQUEST or control
- *                             frame out, engine frames in (omni_proto.h),
- *                             turned into responses by the two below
+ *                             frame out, the frame parser, the response
+ *                             decided from the first frames
+ *   ngx_http_omni_sse.c       a stream after its header: each engine
+ *                             frame one SSE event
  *   ngx_http_omni_openai.c    OpenAI JSON out: response bodies, SSE
  *                             chunks, errors, model lists
- *   ngx_http_omni_stream.c    unbuffered output: one event, one flush,
+ *   ngx_http_omni_output.c    unbuffered output: one event, one flush,
  *                             event buffers recycled; the idle keep-alive
- *                             comment
+ *                             comment; the header and body filters that
+ *                             replace nginx's error pages
+ *   ngx_http_omni_error.c     the OpenAI errors of the engine's failures,
+ *                             its ERROR frames and nginx's error pages;
+ *                             Retry-After
  *   ngx_http_omni_metrics.c   counters in shared memory (all workers),
- *                             omni_metrics and omni_health handlers
- *   ngx_omni_engine_module.c  CORE module: omni_engine, the sidecar that
+ *                             omni_metrics and omni_health responses
+ *   ngx_omni_engine_*.c       CORE module: omni_engine, the sidecar that
  *                             nginx's master starts and keeps alive
+ *                             (ngx_omni_engine_module.h)
  *
  * The wire protocol is ../engine/proto/omni_proto.h, included as it is.
  */
@@ -39,17 +53,19 @@
 #include "omni_proto.h"
 
 
+typedef struct ngx_http_omni_endpoint_s  ngx_http_omni_endpoint_t;
+typedef struct ngx_http_omni_ctx_s       ngx_http_omni_ctx_t;
+
+
+/* What a request asks the engine for, which decides the request and
+ * response shapes (messages or prompt; chat.completion or
+ * text_completion objects). */
 typedef enum {
-    NGX_HTTP_OMNI_CHAT = 0,         /* POST /v1/chat/completions */
-    NGX_HTTP_OMNI_COMPLETIONS,      /* POST /v1/completions */
-    NGX_HTTP_OMNI_MODELS,           /* GET /v1/models */
-    NGX_HTTP_OMNI_MODEL,            /* GET /v1/models/{id} */
-    NGX_HTTP_OMNI_HEALTH,           /* omni_health location */
-    NGX_HTTP_OMNI_METRICS,          /* omni_metrics location */
-    NGX_HTTP_OMNI_SPEECH,           /* POST /v1/audio/speech: not built
-                                       yet, answered 501 */
-    NGX_HTTP_OMNI_ENDPOINTS
-} ngx_http_omni_endpoint_e;
+    NGX_HTTP_OMNI_KIND_NONE = 0,    /* no body: the engine's models,
+                                       health, metrics */
+    NGX_HTTP_OMNI_KIND_CHAT,        /* messages in, chat.completion out */
+    NGX_HTTP_OMNI_KIND_COMPLETION   /* a prompt in, text_completion out */
+} ngx_http_omni_kind_e;
 
 
 /* An OpenAI error, ready to be sent as JSON (before the response header)
@@ -64,7 +80,7 @@ typedef struct {
 
 
 /* How the engine itself failed a request, as opposed to an ERROR frame
- * it sent: each has one OpenAI error (ngx_http_omni_engine_fault()). */
+ * it sent: each has one OpenAI error (ngx_http_omni_error.c). */
 typedef enum {
     NGX_HTTP_OMNI_ENGINE_DOWN = 0,  /* 503: not reached */
     NGX_HTTP_OMNI_ENGINE_GONE,      /* 503: took the request, then closed */
@@ -80,7 +96,8 @@ typedef enum {
 typedef struct {
     ngx_str_t                   model;      /* as the client named it */
     ngx_str_t                   engine;     /* the request JSON for the
-                                               engine (engine/request/request.h) */
+                                               engine (engine/request/
+                                               request.h) */
     ngx_str_t                   seed;       /* decimal: the client's, or
                                                the one drawn for it */
     unsigned                    stream:1;
@@ -88,9 +105,63 @@ typedef struct {
 } ngx_http_omni_req_t;
 
 
+
+/* An endpoint's functions. parse: the body read into req (see
+ * ngx_http_omni_parse()); reply: the engine's one answer frame made the
+ * response (ngx_http_omni_reply() and its kin); page: the body of nginx's
+ * error page of the status for it, err->status and *type changed when the
+ * page answers otherwise (NULL: out of memory). */
+typedef ngx_int_t (*ngx_http_omni_parse_pt)(ngx_http_request_t *r,
+    ngx_http_omni_endpoint_t *ep, ngx_str_t *body, ngx_http_omni_req_t *req,
+    ngx_http_omni_error_t *err);
+typedef ngx_int_t (*ngx_http_omni_reply_pt)(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_str_t *payload);
+typedef ngx_buf_t *(*ngx_http_omni_page_pt)(ngx_http_request_t *r,
+    ngx_http_omni_error_t *err, ngx_uint_t status, ngx_str_t *type);
+
+
+/*
+ * One row of ngx_http_omni_endpoints[] (ngx_http_omni_module.c): all the
+ * module knows of an endpoint, so that a new one is a row and its
+ * functions. A location holds a pointer to its row (omni_health,
+ * omni_metrics) or finds it by URI; the request's ctx keeps it.
+ */
+struct ngx_http_omni_endpoint_s {
+    ngx_str_t                   path;       /* after "/v1/"; ending in "/":
+                                               a prefix, the rest of the URI
+                                               is ctx->model_id */
+    ngx_str_t                   directive;  /* else the directive that
+                                               makes a location it */
+    ngx_str_t                   label;      /* omni_nginx_requests_total's
+                                               endpoint label */
+    ngx_uint_t                  methods;    /* NGX_HTTP_POST ... */
+    ngx_str_t                   allow;      /* the same, for a 405's Allow */
+    ngx_http_omni_kind_e        kind;
+    ngx_http_omni_parse_pt      parse;      /* NULL: no body, discarded */
+    ngx_uint_t                  frame;      /* the engine frame it sends,
+                                               OMNI_F_*; 0: not implemented
+                                               yet, answered 501 */
+    ngx_uint_t                  reply_frame;
+                                            /* the engine's answer, OMNI_F_*_R;
+                                               0: a completion, TEXT ... DONE,
+                                               as JSON or as SSE events */
+    ngx_http_omni_reply_pt      reply;      /* reply_frame as a response */
+    ngx_http_omni_page_pt       page;       /* NULL: OpenAI's error object */
+    ngx_str_t                   id_prefix;  /* ctx->id: "chatcmpl-" ... */
+    unsigned                    probe:1;    /* omni_health_timeout, no API
+                                               key, no body size check */
+};
+
+
+#define NGX_HTTP_OMNI_ENDPOINTS  7          /* ngx_http_omni_endpoints[]'s
+                                               rows */
+
+extern ngx_http_omni_endpoint_t  ngx_http_omni_endpoints[];
+
+
 /* Per-request state. */
-typedef struct {
-    ngx_http_omni_endpoint_e    endpoint;
+struct ngx_http_omni_ctx_s {
+    ngx_http_omni_endpoint_t   *endpoint;   /* NULL: the URI names none */
     ngx_http_omni_req_t         req;
     ngx_str_t                   model_id;   /* GET /v1/models/{id},
                                                URL-decoded */
@@ -114,7 +185,6 @@ typedef struct {
     ngx_chain_t                *text;           /* non-streaming: text
                                                    gathered so far */
     ngx_chain_t                *text_last;      /* its last link */
-    size_t                      text_len;
     OmniDone                    usage;
     ngx_chain_t                *out;            /* a whole body, made
                                                    before the header */
@@ -123,23 +193,21 @@ typedef struct {
                                                    sent */
     ngx_event_t                 keepalive;      /* idle SSE comment timer */
 
-    /* an error page of nginx's, replaced by JSON (stream.c filters) */
+    /* an error page of nginx's, replaced by JSON (output.c filters) */
     ngx_http_omni_error_t       err;            /* what the module knows
                                                    about it; status 0:
                                                    nothing */
     ngx_chain_t                *page;           /* the replacement body */
-} ngx_http_omni_ctx_t;
+};
 
 
 typedef struct {
     ngx_http_upstream_conf_t    upstream;
-    ngx_http_complex_value_t   *complex_pass;   /* omni_pass with variables,
-                                                   unused: NULL */
     ngx_flag_t                  enabled;        /* the content handler here
                                                    is the module's */
-    ngx_http_omni_endpoint_e    handler;        /* omni_health/omni_metrics
-                                                   locations, else
-                                                   NGX_HTTP_OMNI_ENDPOINTS */
+    ngx_http_omni_endpoint_t   *endpoint;       /* omni_health/omni_metrics
+                                                   locations: their row;
+                                                   NULL: found by URI */
     ngx_msec_t                  keepalive_interval;
                                                 /* omni_keepalive_interval */
     ngx_msec_t                  health_timeout; /* omni_health_timeout */
@@ -165,21 +233,28 @@ extern ngx_module_t  ngx_http_omni_module;
  * that it is valid UTF-8 text (json_scan.h) and the fields the module acts
  * on (model, stream, stream_options, n, logprobs, max_completion_tokens /
  * max_tokens, modalities, tools, response_format, seed, ...) and writes
- * req->engine: the normalized request of engine/request/request.h with messages
- * or prompt, the seed (drawn when absent; req->seed) and the sampling
- * fields copied as given (the engine checks their types and ranges and
- * answers with an ERROR naming the param). Returns NGX_OK, NGX_DECLINED with err
- * filled (a 400), or NGX_ERROR (no memory). */
+ * req->engine: the normalized request of engine/request/request.h with
+ * messages or prompt, the seed (drawn when absent; req->seed) and the
+ * sampling fields copied as given (the engine checks their types and
+ * ranges and answers with an ERROR naming the param). ep->kind says
+ * which. Returns NGX_OK, NGX_DECLINED with err filled (a 400), or
+ * NGX_ERROR (no memory). The row's parser of chat and completions. */
 ngx_int_t ngx_http_omni_parse(ngx_http_request_t *r,
-    ngx_http_omni_endpoint_e endpoint, ngx_str_t *body,
-    ngx_http_omni_req_t *req, ngx_http_omni_error_t *err);
+    ngx_http_omni_endpoint_t *ep, ngx_str_t *body, ngx_http_omni_req_t *req,
+    ngx_http_omni_error_t *err);
 
-/* JSON in, for the request body and the engine's MODELS_R: the
- * pre-scan (NULL, or why the bytes are refused; *syntax: not JSON at
- * all); yajl's tree of them, freed by yajl_tree_free() (NULL: refused,
- * why in ebuf, or out of memory, ebuf empty); an object's member (NULL
- * when absent or null); a tree value or a C string added to a yajl_gen
- * (a yajl_gen_status). */
+
+/* ngx_http_omni_json.c
+ *
+ * JSON in, for the request body and the engine's MODELS_R: the pre-scan
+ * with the module's limits (*at: where it stopped); why it refused (NULL:
+ * it did not; *syntax: not JSON at all); both at once; yajl's tree of
+ * the bytes, freed by yajl_tree_free() (NULL: refused, why in ebuf, or
+ * out of memory, ebuf empty); an object's member (NULL when absent or
+ * null); a tree value or a C string added to a yajl_gen (a
+ * yajl_gen_status). */
+OmniJsonScan ngx_http_omni_json_scan(u_char *p, size_t len, size_t *at);
+char *ngx_http_omni_scan_reason(OmniJsonScan rc, ngx_uint_t *syntax);
 char *ngx_http_omni_prescan(u_char *p, size_t len, ngx_uint_t *syntax);
 yajl_val ngx_http_omni_tree(ngx_http_request_t *r, u_char *json,
     size_t len, u_char *ebuf, size_t size);
@@ -211,14 +286,11 @@ ngx_chain_t *ngx_http_omni_chunk_usage(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx);
 ngx_chain_t *ngx_http_omni_chunk_done(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx);              /* data: [DONE]\n\n */
-/* The engine's MODELS_R JSON as OpenAI's list (ctx->endpoint MODELS) or
- * one model (MODEL: ctx->model_id; NGX_DECLINED with err filled, a 404,
- * when the engine does not serve it). */
+/* The engine's MODELS_R JSON as OpenAI's list, or one model when the URI
+ * named one (ctx->model_id; NGX_DECLINED with err filled, a 404, when the
+ * engine does not serve it). */
 ngx_int_t ngx_http_omni_models_json(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, u_char *json, size_t len, ngx_buf_t **out,
-    ngx_http_omni_error_t *err);
-/* An engine ERROR payload as an OpenAI error (views into p). */
-ngx_int_t ngx_http_omni_engine_error(u_char *p, size_t len,
     ngx_http_omni_error_t *err);
 /* x-omni-seed on a chat or completions response about to start. */
 ngx_int_t ngx_http_omni_seed_header(ngx_http_request_t *r,
@@ -229,9 +301,67 @@ ngx_int_t ngx_http_omni_seed_header(ngx_http_request_t *r,
 /* Creates r->upstream with the module's callbacks (omni_pass). */
 ngx_int_t ngx_http_omni_upstream_create(ngx_http_request_t *r,
     ngx_http_omni_loc_conf_t *olcf);
+/* The response of an endpoint's reply function, made before the header:
+ * status, Content-Type and Content-Length of body, which goes out in
+ * input_filter_init; of one buffer b (NULL, out of memory: NGX_ERROR);
+ * of an OpenAI error. */
+ngx_int_t ngx_http_omni_reply(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_uint_t status, ngx_str_t *type,
+    ngx_chain_t *body);
+ngx_int_t ngx_http_omni_reply_buf(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_uint_t status, ngx_str_t *type,
+    ngx_buf_t *b);
+ngx_int_t ngx_http_omni_reply_error(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_http_omni_error_t *err);
+/* A frame the engine should not have sent (what: its name, logged; NULL:
+ * logged already): NGX_HTTP_UPSTREAM_INVALID_HEADER, a 502. */
+ngx_int_t ngx_http_omni_invalid_frame(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, const char *what);
+/* Reads one engine frame from *pos up to last, advancing *pos. NGX_OK: a
+ * whole frame, header in ctx->frame, payload in *payload (valid until the
+ * next call); NGX_AGAIN: every byte consumed, the frame not whole yet;
+ * NGX_HTTP_UPSTREAM_INVALID_HEADER; NGX_ERROR. */
+ngx_int_t ngx_http_omni_parse_frame(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, u_char **pos, u_char *last,
+    ngx_str_t *payload);
+/* An ERROR frame's payload as an OpenAI error, logged; NGX_ERROR: it is
+ * not an ERROR's. */
+ngx_int_t ngx_http_omni_error_frame(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_str_t *payload, ngx_http_omni_error_t *err);
+/* The endpoints' reply functions: MODELS_R (models, model). */
+ngx_int_t ngx_http_omni_models_reply(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_str_t *payload);
 
 
-/* ngx_http_omni_stream.c */
+/* ngx_http_omni_sse.c */
+/* The upstream input filter of a stream (u->input_filter_ctx is r). */
+ngx_int_t ngx_http_omni_input_filter(void *data, ssize_t bytes);
+/* An error after the stream began: one error event, and the stream is
+ * done. NGX_ERROR: the client is gone. */
+ngx_int_t ngx_http_omni_stream_error(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_http_omni_error_t *err);
+
+
+/* ngx_http_omni_error.c */
+/* The type an error of status has when it names none. */
+ngx_str_t *ngx_http_omni_error_type(ngx_uint_t status);
+/* The OpenAI error of an engine failure: err's fields point at static
+ * strings. */
+void ngx_http_omni_engine_fault(ngx_http_omni_fault_e fault,
+    ngx_http_omni_error_t *err);
+/* An engine ERROR payload as an OpenAI error (views into p); NGX_ERROR:
+ * not an ERROR payload. */
+ngx_int_t ngx_http_omni_engine_error(u_char *p, size_t len,
+    ngx_http_omni_error_t *err);
+/* An error page nginx made for status, as an OpenAI error. */
+void ngx_http_omni_status_error(ngx_uint_t status,
+    ngx_http_omni_error_t *err);
+/* Retry-After: 1 when status is 503, the answer of an engine that may be
+ * back soon; nothing otherwise. */
+ngx_int_t ngx_http_omni_retry_after(ngx_http_request_t *r, ngx_uint_t status);
+
+
+/* ngx_http_omni_output.c */
 ngx_int_t ngx_http_omni_send_header(ngx_http_request_t *r,
     ngx_uint_t status, ngx_str_t *content_type, off_t content_length);
 /* An empty event buffer of at least size bytes, from ctx->free. */
@@ -247,13 +377,6 @@ ngx_int_t ngx_http_omni_send_response(ngx_http_request_t *r,
     ngx_uint_t status, ngx_str_t *content_type, ngx_buf_t *b);
 ngx_int_t ngx_http_omni_send_error(ngx_http_request_t *r,
     ngx_http_omni_error_t *err);
-/* The OpenAI error of an engine failure: err's fields point at static
- * strings. */
-void ngx_http_omni_engine_fault(ngx_http_omni_fault_e fault,
-    ngx_http_omni_error_t *err);
-/* Retry-After: 1 when status is 503, the answer of an engine that may be
- * back soon; nothing otherwise. */
-ngx_int_t ngx_http_omni_retry_after(ngx_http_request_t *r, ngx_uint_t status);
 /* Content-Type, with content_type_len the part before ";". */
 void ngx_http_omni_set_content_type(ngx_http_request_t *r, ngx_str_t *type);
 /* Adds a response header line; value must outlive the request. */
@@ -284,14 +407,50 @@ ngx_buf_t *ngx_http_omni_metrics_text(ngx_http_request_t *r,
 /* {"status":"ready"} or {"status":"not ready","reason":...} */
 ngx_buf_t *ngx_http_omni_health_json(ngx_http_request_t *r,
     ngx_uint_t ready, u_char *reason, size_t len);
+/* omni_health's and omni_metrics' reply (HEALTH_R, METRICS_R) and error
+ * page functions. */
+ngx_int_t ngx_http_omni_health_reply(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_str_t *payload);
+ngx_int_t ngx_http_omni_metrics_reply(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_str_t *payload);
+ngx_buf_t *ngx_http_omni_health_page(ngx_http_request_t *r,
+    ngx_http_omni_error_t *err, ngx_uint_t status, ngx_str_t *type);
+ngx_buf_t *ngx_http_omni_metrics_page(ngx_http_request_t *r,
+    ngx_http_omni_error_t *err, ngx_uint_t status, ngx_str_t *type);
 /* Adds the counters' shared zone (once per configuration). */
 ngx_int_t ngx_http_omni_metrics_add_zone(ngx_conf_t *cf);
 /* Counts each request of an omni location by endpoint and status. */
 ngx_int_t ngx_http_omni_metrics_init(ngx_conf_t *cf);
 
-/* ngx_http_omni_module.c: the endpoint a URI names (also for requests
- * answered before the content handler, such as a 413). */
-ngx_http_omni_endpoint_e ngx_http_omni_endpoint(ngx_http_request_t *r,
+/* ngx_http_omni_auth.c
+ *
+ * The request's "Authorization: Bearer KEY" against omni_api_keys: NGX_OK;
+ * NGX_DECLINED with err filled (a 401); NGX_ERROR: out of memory, a
+ * server fault, not a refused key. The key file read into olcf->api_keys
+ * (configuration time). */
+ngx_int_t ngx_http_omni_auth(ngx_http_request_t *r,
+    ngx_http_omni_loc_conf_t *olcf, ngx_http_omni_error_t *err);
+char *ngx_http_omni_read_keys(ngx_conf_t *cf,
+    ngx_http_omni_loc_conf_t *olcf);
+
+
+/* ngx_http_omni_body.c
+ *
+ * The largest request body read into memory: the engine's largest request
+ * (a body that big cannot become a smaller one but by fields the module
+ * ignores). A body over it: a 413, err filled, NGX_DECLINED. The body
+ * handler of ngx_http_read_client_request_body(). */
+#define NGX_HTTP_OMNI_MAX_BODY  OMNI_MAX_REQUEST
+
+ngx_int_t ngx_http_omni_too_large(ngx_http_request_t *r, off_t len,
+    ngx_http_omni_error_t *err);
+void ngx_http_omni_body_handler(ngx_http_request_t *r);
+
+
+/* ngx_http_omni_module.c: the endpoint of a request, its location's or
+ * the one its URI names, NULL when none (also for requests answered
+ * before the content handler, such as a 413). */
+ngx_http_omni_endpoint_t *ngx_http_omni_endpoint(ngx_http_request_t *r,
     ngx_http_omni_loc_conf_t *olcf, ngx_str_t *model_id);
 
 

@@ -105,47 +105,18 @@ ngx_http_omni_error_event(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 }
 
 
-/*
- * Completions have no role chunk: for them this returns an empty buffer,
- * marked sync so that sending it anyway is harmless (callers may skip it
- * when b->pos == b->last).
- */
+/* A chat stream's first chunk (completions have none). */
 
 ngx_chain_t *
 ngx_http_omni_chunk_role(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
 {
-    ngx_buf_t    *b;
-    ngx_chain_t  *cl;
-    ngx_str_t     post = ngx_null_string;
-    ngx_str_t     pre = ngx_string("\"choices\":[{\"index\":0,\"delta\":"
-                                   "{\"role\":\"assistant\",\"content\":\"\","
-                                   "\"refusal\":null},\"logprobs\":null,"
-                                   "\"finish_reason\":null}]");
+    ngx_str_t  post = ngx_null_string;
+    ngx_str_t  pre = ngx_string("\"choices\":[{\"index\":0,\"delta\":"
+                                "{\"role\":\"assistant\",\"content\":\"\","
+                                "\"refusal\":null},\"logprobs\":null,"
+                                "\"finish_reason\":null}]");
 
-    if (ctx->endpoint == NGX_HTTP_OMNI_CHAT) {
-        return ngx_http_omni_event(r, ctx, &pre, NULL, 0, &post, 1);
-    }
-
-    /* no memory: a recycled buffer (temporary) of size 0 would be a
-     * "zero size buf" to the write filter */
-
-    b = ngx_calloc_buf(r->pool);
-    if (b == NULL) {
-        return NULL;
-    }
-
-    b->sync = 1;
-    b->tag = (ngx_buf_tag_t) &ngx_http_omni_module;
-
-    cl = ngx_alloc_chain_link(r->pool);
-    if (cl == NULL) {
-        return NULL;
-    }
-
-    cl->buf = b;
-    cl->next = NULL;
-
-    return cl;
+    return ngx_http_omni_event(r, ctx, &pre, NULL, 0, &post, 1);
 }
 
 
@@ -161,7 +132,7 @@ ngx_http_omni_chunk_text(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_str_t  text_post = ngx_string("\",\"index\":0,\"logprobs\":null,"
                                       "\"finish_reason\":null}]");
 
-    if (ctx->endpoint == NGX_HTTP_OMNI_CHAT) {
+    if (ctx->endpoint->kind == NGX_HTTP_OMNI_KIND_CHAT) {
         return ngx_http_omni_event(r, ctx, &chat_pre, text, len, &chat_post,
                                    1);
     }
@@ -185,7 +156,7 @@ ngx_http_omni_chunk_finish(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
     reason = ngx_http_omni_finish(ctx);
 
     return ngx_http_omni_event(r, ctx,
-                               (ctx->endpoint == NGX_HTTP_OMNI_CHAT)
+                               ctx->endpoint->kind == NGX_HTTP_OMNI_KIND_CHAT
                                ? &chat_pre : &text_pre,
                                reason.data, reason.len, &post, 1);
 }
@@ -260,7 +231,7 @@ ngx_http_omni_completion_json(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
     ngx_str_t    text_post = ngx_string("\",\"index\":0,\"logprobs\":null,"
                                         "\"finish_reason\":\"");
 
-    if (ctx->endpoint == NGX_HTTP_OMNI_CHAT) {
+    if (ctx->endpoint->kind == NGX_HTTP_OMNI_KIND_CHAT) {
         object = &chat_object;
         pre = &chat_pre;
         post = &chat_post;
@@ -327,7 +298,8 @@ ngx_http_omni_event(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_str_t     chunk = ngx_string("chat.completion.chunk");
     ngx_str_t     completion = ngx_string("text_completion");
 
-    object = (ctx->endpoint == NGX_HTTP_OMNI_CHAT) ? &chunk : &completion;
+    object = (ctx->endpoint->kind == NGX_HTTP_OMNI_KIND_CHAT)
+             ? &chunk : &completion;
     usage_null = usage_null && ctx->req.include_usage;
 
     size = sizeof("data: ") - 1 + ngx_http_omni_head_len(ctx, object)
@@ -460,21 +432,16 @@ ngx_http_omni_error_len(ngx_http_omni_error_t *err)
 static u_char *
 ngx_http_omni_error_write(u_char *p, ngx_http_omni_error_t *err)
 {
+    ngx_str_t  *type;
+
     p = ngx_cpymem(p, "{\"error\":{\"message\":\"",
                    sizeof("{\"error\":{\"message\":\"") - 1);
     p = ngx_http_omni_escape(p, err->message.data, err->message.len);
     p = ngx_cpymem(p, "\",\"type\":\"", sizeof("\",\"type\":\"") - 1);
 
-    if (err->type.len) {
-        p = ngx_http_omni_escape(p, err->type.data, err->type.len);
+    type = err->type.len ? &err->type : ngx_http_omni_error_type(err->status);
 
-    } else if (err->status >= NGX_HTTP_INTERNAL_SERVER_ERROR) {
-        p = ngx_cpymem(p, "server_error", sizeof("server_error") - 1);
-
-    } else {
-        p = ngx_cpymem(p, "invalid_request_error",
-                       sizeof("invalid_request_error") - 1);
-    }
+    p = ngx_http_omni_escape(p, type->data, type->len);
 
     p = ngx_cpymem(p, "\",\"param\":", sizeof("\",\"param\":") - 1);
 
@@ -504,44 +471,10 @@ ngx_http_omni_error_write(u_char *p, ngx_http_omni_error_t *err)
 
 /* ---- engine replies ---- */
 
-ngx_int_t
-ngx_http_omni_engine_error(u_char *p, size_t len, ngx_http_omni_error_t *err)
-{
-    OmniError  e;
-
-    if (omni_error_decode(&e, p, len) != 0) {
-        return NGX_ERROR;
-    }
-
-    err->status = e.status;
-
-    err->type.data = (u_char *) e.type;
-    err->type.len = e.type_len;
-
-    if (err->type.len == 0) {
-        if (err->status >= NGX_HTTP_INTERNAL_SERVER_ERROR) {
-            ngx_str_set(&err->type, "server_error");
-
-        } else {
-            ngx_str_set(&err->type, "invalid_request_error");
-        }
-    }
-
-    err->param.data = (u_char *) e.param;
-    err->param.len = e.param_len;
-    err->code.data = (u_char *) e.code;
-    err->code.len = e.code_len;
-    err->message.data = (u_char *) e.message;
-    err->message.len = e.message_len;
-
-    return NGX_OK;
-}
-
-
 /*
  * The engine's {"data":[{"id","created","owned_by","max_model_len"}]}
  * becomes {"object":"list","data":[{"id","object":"model","created",
- * "owned_by"}]}\n, or for NGX_HTTP_OMNI_MODEL the one model object whose
+ * "owned_by"}]}\n, or, when the URI named one, the one model object whose
  * id is ctx->model_id. A reply that is not that shape is the engine's
  * fault: logged, NGX_ERROR.
  */
@@ -599,7 +532,7 @@ ngx_http_omni_models_json(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     rc = NGX_OK;
     s = 0;
 
-    if (ctx->endpoint == NGX_HTTP_OMNI_MODEL) {
+    if (ctx->model_id.len) {
         rc = NGX_DECLINED;
 
         for (i = 0; i < data->u.array.len; i++) {

@@ -16,8 +16,12 @@
  * client sent none, so that it can report it in a response header before
  * the first token goes out.
  *
- * The pre-scan, the tree and the yajl_gen helpers also read the engine's
- * model list for ngx_http_omni_openai.c.
+ * The pre-scan's limits, the tree and the yajl_gen helpers are
+ * ngx_http_omni_json.c's, shared with ngx_http_omni_openai.c. This file
+ * holds the way through (pre-scan, tree, checks in order, the engine's
+ * JSON written) and the checks of the input itself (messages, prompt,
+ * stream); ngx_http_omni_params.c the checks of the other fields and the
+ * words of the 400s.
  */
 
 
@@ -27,31 +31,11 @@
 
 
 #include "ngx_http_omni_module.h"
+#include "ngx_http_omni_request.h"
 
 
-#define NGX_HTTP_OMNI_MAX_DEPTH     64          /* nesting levels; ours: 5 */
-#define NGX_HTTP_OMNI_MAX_NODES     (1 << 18)   /* strings + structure */
-#define NGX_HTTP_OMNI_MAX_SALT      256         /* engine's REQ_MAX_SALT */
-#define NGX_HTTP_OMNI_CLIP          40          /* client bytes quoted */
-#define NGX_HTTP_OMNI_MSG_MAX       512         /* one error message */
-#define NGX_HTTP_OMNI_PARAM_MAX     64
-
-/* OpenAI's default for /v1/completions */
-#define NGX_HTTP_OMNI_COMPLETIONS_MAX_TOKENS  16
-
-
-/* What the checks found, for the engine request. */
-typedef struct {
-    yajl_val                    model;
-    yajl_val                    input;      /* messages, or prompt string */
-    yajl_val                    salt;       /* prompt_cache_key, or NULL */
-    int64_t                     max_tokens; /* 0: none */
-    int64_t                     seed;       /* the client's, or drawn */
-} ngx_http_omni_fields_t;
-
-
-static ngx_int_t ngx_http_omni_check(ngx_http_request_t *r,
-    ngx_http_omni_endpoint_e endpoint, yajl_val root,
+static ngx_int_t ngx_http_omni_check_body(ngx_http_request_t *r,
+    ngx_http_omni_kind_e kind, yajl_val root,
     ngx_http_omni_fields_t *f, ngx_http_omni_req_t *req,
     ngx_http_omni_error_t *err);
 static ngx_int_t ngx_http_omni_check_messages(ngx_http_request_t *r,
@@ -62,54 +46,18 @@ static ngx_int_t ngx_http_omni_check_prompt(ngx_http_request_t *r,
     yajl_val root, ngx_http_omni_fields_t *f, ngx_http_omni_error_t *err);
 static ngx_int_t ngx_http_omni_check_stream(ngx_http_request_t *r,
     yajl_val root, ngx_http_omni_req_t *req, ngx_http_omni_error_t *err);
-static ngx_int_t ngx_http_omni_check_max_tokens(ngx_http_request_t *r,
-    ngx_http_omni_endpoint_e endpoint, yajl_val root,
-    ngx_http_omni_fields_t *f, ngx_http_omni_error_t *err);
-static ngx_int_t ngx_http_omni_check_choices(ngx_http_request_t *r,
-    ngx_http_omni_endpoint_e endpoint, yajl_val root,
-    ngx_http_omni_error_t *err);
-static ngx_int_t ngx_http_omni_check_output(ngx_http_request_t *r,
-    yajl_val root, ngx_http_omni_error_t *err);
-static ngx_int_t ngx_http_omni_check_tools(ngx_http_request_t *r,
-    yajl_val root, ngx_http_omni_error_t *err);
-static ngx_int_t ngx_http_omni_check_legacy(ngx_http_request_t *r,
-    yajl_val root, ngx_http_omni_error_t *err);
-static ngx_int_t ngx_http_omni_check_salt(ngx_http_request_t *r,
-    yajl_val root, ngx_http_omni_fields_t *f, ngx_http_omni_error_t *err);
-static ngx_int_t ngx_http_omni_check_seed(ngx_http_request_t *r,
-    yajl_val root, ngx_http_omni_fields_t *f, ngx_http_omni_req_t *req,
-    ngx_http_omni_error_t *err);
-static ngx_int_t ngx_http_omni_check_int(ngx_http_request_t *r,
-    char *param, yajl_val v, int64_t min, int64_t *out,
-    ngx_http_omni_error_t *err);
-static ngx_int_t ngx_http_omni_bool(ngx_http_request_t *r, yajl_val o,
-    char *key, char *param, ngx_uint_t *flag, ngx_http_omni_error_t *err);
 
 static ngx_int_t ngx_http_omni_engine_request(ngx_http_request_t *r,
-    ngx_http_omni_endpoint_e endpoint, yajl_val root,
+    ngx_http_omni_kind_e kind, yajl_val root,
     ngx_http_omni_fields_t *f, ngx_http_omni_req_t *req,
     ngx_http_omni_error_t *err);
 static ngx_uint_t ngx_http_omni_gen_request(yajl_gen g,
-    ngx_http_omni_endpoint_e endpoint, yajl_val root,
+    ngx_http_omni_kind_e kind, yajl_val root,
     ngx_http_omni_fields_t *f);
 static ngx_uint_t ngx_http_omni_gen_messages(yajl_gen g, yajl_val msgs);
 
-static char *ngx_http_omni_type(yajl_val v);
-static size_t ngx_http_omni_clip(const char *s, char **more);
-static char *ngx_http_omni_param(ngx_http_request_t *r, char *fmt,
-    size_t i, size_t j);
 static ngx_int_t ngx_http_omni_scan(ngx_http_request_t *r, ngx_str_t *body,
     ngx_http_omni_error_t *err);
-static char *ngx_http_omni_scan_reason(OmniJsonScan rc, ngx_uint_t *syntax);
-static ngx_int_t ngx_http_omni_bad_json(ngx_http_request_t *r,
-    u_char *why, ngx_http_omni_error_t *err);
-static ngx_int_t ngx_http_omni_invalid(ngx_http_request_t *r,
-    ngx_http_omni_error_t *err, char *param, char *code,
-    const char *fmt, ...);
-static ngx_int_t ngx_http_omni_invalid_type(ngx_http_request_t *r,
-    ngx_http_omni_error_t *err, char *param, char *want, yajl_val v);
-static ngx_int_t ngx_http_omni_unsupported(ngx_http_request_t *r,
-    ngx_http_omni_error_t *err, char *param, char *why);
 
 
 /* copied to the engine as given, when present and not null */
@@ -130,21 +78,13 @@ static const char *const  ngx_http_omni_sampling[] = {
 /* ---- request bodies ---- */
 
 ngx_int_t
-ngx_http_omni_parse(ngx_http_request_t *r, ngx_http_omni_endpoint_e endpoint,
+ngx_http_omni_parse(ngx_http_request_t *r, ngx_http_omni_endpoint_t *ep,
     ngx_str_t *body, ngx_http_omni_req_t *req, ngx_http_omni_error_t *err)
 {
     u_char                   ebuf[256];
     yajl_val                 root;
     ngx_int_t                rc;
     ngx_http_omni_fields_t   f;
-
-    if (endpoint != NGX_HTTP_OMNI_CHAT
-        && endpoint != NGX_HTTP_OMNI_COMPLETIONS)
-    {
-        ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
-                      "omni parse called for endpoint %d", (int) endpoint);
-        return NGX_ERROR;
-    }
 
     ngx_memzero(req, sizeof(ngx_http_omni_req_t));
     ngx_memzero(&f, sizeof(ngx_http_omni_fields_t));
@@ -167,10 +107,10 @@ ngx_http_omni_parse(ngx_http_request_t *r, ngx_http_omni_endpoint_e endpoint,
 
     /* the tree is malloc()ed by yajl: one exit frees it */
 
-    rc = ngx_http_omni_check(r, endpoint, root, &f, req, err);
+    rc = ngx_http_omni_check_body(r, ep->kind, root, &f, req, err);
 
     if (rc == NGX_OK) {
-        rc = ngx_http_omni_engine_request(r, endpoint, root, &f, req, err);
+        rc = ngx_http_omni_engine_request(r, ep->kind, root, &f, req, err);
     }
 
     yajl_tree_free(root);
@@ -197,8 +137,7 @@ ngx_http_omni_scan(ngx_http_request_t *r, ngx_str_t *body,
 
     at = 0;
 
-    rc = omni_json_scan((const char *) body->data, body->len,
-                        NGX_HTTP_OMNI_MAX_DEPTH, NGX_HTTP_OMNI_MAX_NODES, &at);
+    rc = ngx_http_omni_json_scan(body->data, body->len, &at);
 
     if (rc == OMNI_JSON_OK) {
         return NGX_OK;
@@ -236,96 +175,8 @@ ngx_http_omni_scan(ngx_http_request_t *r, ngx_str_t *body,
 }
 
 
-/*
- * The same for JSON from the engine (MODELS_R), in the words of our logs.
- * Returns NULL, or why; *syntax is set when the body is not JSON at all.
- */
-
-char *
-ngx_http_omni_prescan(u_char *p, size_t len, ngx_uint_t *syntax)
-{
-    size_t  at;
-
-    return ngx_http_omni_scan_reason(omni_json_scan((const char *) p, len,
-                                                    NGX_HTTP_OMNI_MAX_DEPTH,
-                                                    NGX_HTTP_OMNI_MAX_NODES,
-                                                    &at),
-                                     syntax);
-}
-
-
-static char *
-ngx_http_omni_scan_reason(OmniJsonScan rc, ngx_uint_t *syntax)
-{
-    *syntax = 1;
-
-    switch (rc) {
-
-    case OMNI_JSON_OK:
-        return NULL;
-
-    case OMNI_JSON_UTF8:
-    case OMNI_JSON_SURROGATE:
-        return "text that is not UTF-8";
-
-    case OMNI_JSON_NUL:
-        return "a NUL byte";
-
-    case OMNI_JSON_COMMENT:
-        return "comments are not JSON";
-
-    case OMNI_JSON_U0000:
-        *syntax = 0;
-        return "Strings in the request may not contain U+0000.";
-
-    case OMNI_JSON_DEEP:
-        *syntax = 0;
-        return "The request JSON nests deeper than 64 levels.";
-
-    case OMNI_JSON_NODES:
-        *syntax = 0;
-        return "The request JSON has more than 262144 values.";
-    }
-
-    return "not JSON";
-}
-
-
-/* yajl's tree of len bytes of pre-scanned JSON; NULL with ebuf set when
- * yajl refuses it, NULL with ebuf empty when out of memory. */
-
-yajl_val
-ngx_http_omni_tree(ngx_http_request_t *r, u_char *json, size_t len,
-    u_char *ebuf, size_t size)
-{
-    u_char    *copy;
-    yajl_val   root;
-
-    copy = ngx_pnalloc(r->pool, len + 1);
-    if (copy == NULL) {
-        return NULL;
-    }
-
-    if (len) {
-        ngx_memcpy(copy, json, len);
-    }
-
-    copy[len] = '\0';
-
-    root = yajl_tree_parse((const char *) copy, (char *) ebuf, size);
-
-    ngx_pfree(r->pool, copy);
-
-    if (root == NULL && ebuf[0] == '\0') {
-        ngx_cpystrn(ebuf, (u_char *) "parse error", size);
-    }
-
-    return root;
-}
-
-
 static ngx_int_t
-ngx_http_omni_check(ngx_http_request_t *r, ngx_http_omni_endpoint_e endpoint,
+ngx_http_omni_check_body(ngx_http_request_t *r, ngx_http_omni_kind_e kind,
     yajl_val root, ngx_http_omni_fields_t *f, ngx_http_omni_req_t *req,
     ngx_http_omni_error_t *err)
 {
@@ -361,7 +212,7 @@ ngx_http_omni_check(ngx_http_request_t *r, ngx_http_omni_endpoint_e endpoint,
         return NGX_ERROR;
     }
 
-    rc = (endpoint == NGX_HTTP_OMNI_CHAT)
+    rc = (kind == NGX_HTTP_OMNI_KIND_CHAT)
          ? ngx_http_omni_check_messages(r, root, f, err)
          : ngx_http_omni_check_prompt(r, root, f, err);
 
@@ -370,11 +221,11 @@ ngx_http_omni_check(ngx_http_request_t *r, ngx_http_omni_endpoint_e endpoint,
     }
 
     if (rc == NGX_OK) {
-        rc = ngx_http_omni_check_choices(r, endpoint, root, err);
+        rc = ngx_http_omni_check_choices(r, kind, root, err);
     }
 
     if (rc == NGX_OK) {
-        rc = ngx_http_omni_check_max_tokens(r, endpoint, root, f, err);
+        rc = ngx_http_omni_check_max_tokens(r, kind, root, f, err);
     }
 
     if (rc == NGX_OK) {
@@ -385,7 +236,7 @@ ngx_http_omni_check(ngx_http_request_t *r, ngx_http_omni_endpoint_e endpoint,
         rc = ngx_http_omni_check_tools(r, root, err);
     }
 
-    if (rc == NGX_OK && endpoint == NGX_HTTP_OMNI_COMPLETIONS) {
+    if (rc == NGX_OK && kind == NGX_HTTP_OMNI_KIND_COMPLETION) {
         rc = ngx_http_omni_check_legacy(r, root, err);
     }
 
@@ -603,494 +454,11 @@ ngx_http_omni_check_stream(ngx_http_request_t *r, yajl_val root,
 }
 
 
-/* max_completion_tokens wins over max_tokens; both must be integers >= 1
- * when given. */
-
-static ngx_int_t
-ngx_http_omni_check_max_tokens(ngx_http_request_t *r,
-    ngx_http_omni_endpoint_e endpoint, yajl_val root,
-    ngx_http_omni_fields_t *f, ngx_http_omni_error_t *err)
-{
-    yajl_val   v;
-    ngx_int_t  rc;
-
-    v = ngx_http_omni_member(root, "max_tokens");
-
-    if (v != NULL) {
-        rc = ngx_http_omni_check_int(r, "max_tokens", v, 1, &f->max_tokens,
-                                     err);
-        if (rc != NGX_OK) {
-            return rc;
-        }
-    }
-
-    v = ngx_http_omni_member(root, "max_completion_tokens");
-
-    if (v != NULL) {
-        rc = ngx_http_omni_check_int(r, "max_completion_tokens", v, 1,
-                                     &f->max_tokens, err);
-        if (rc != NGX_OK) {
-            return rc;
-        }
-    }
-
-    if (f->max_tokens == 0 && endpoint == NGX_HTTP_OMNI_COMPLETIONS) {
-        f->max_tokens = NGX_HTTP_OMNI_COMPLETIONS_MAX_TOKENS;
-    }
-
-    return NGX_OK;
-}
-
-
-/* One choice, no logprobs: n, logprobs, top_logprobs. */
-
-static ngx_int_t
-ngx_http_omni_check_choices(ngx_http_request_t *r,
-    ngx_http_omni_endpoint_e endpoint, yajl_val root,
-    ngx_http_omni_error_t *err)
-{
-    char      *more;
-    size_t     n;
-    yajl_val   v;
-
-    v = ngx_http_omni_member(root, "n");
-
-    if (v != NULL) {
-        if (!YAJL_IS_NUMBER(v)) {
-            return ngx_http_omni_invalid_type(r, err, "n", "an integer", v);
-        }
-
-        if (strtod(v->u.number.r, NULL) != 1.0) {
-            n = ngx_http_omni_clip(v->u.number.r, &more);
-            return ngx_http_omni_invalid(r, err, "n", "unsupported_value",
-                                         "Unsupported value: 'n' is %*s%s, "
-                                         "but only n=1 is supported.",
-                                         n, v->u.number.r, more);
-        }
-    }
-
-    v = ngx_http_omni_member(root, "logprobs");
-
-    /* chat: a boolean; completions: an integer 0..5, and any asks */
-
-    if (v != NULL) {
-        if (YAJL_IS_TRUE(v)
-            || (YAJL_IS_NUMBER(v) && endpoint == NGX_HTTP_OMNI_COMPLETIONS))
-        {
-            return ngx_http_omni_unsupported(r, err, "logprobs", NULL);
-        }
-
-        if (!YAJL_IS_FALSE(v)) {
-            return ngx_http_omni_invalid_type(r, err, "logprobs",
-                                              endpoint == NGX_HTTP_OMNI_CHAT
-                                              ? "a boolean" : "an integer",
-                                              v);
-        }
-    }
-
-    v = ngx_http_omni_member(root, "top_logprobs");
-
-    if (v != NULL && endpoint == NGX_HTTP_OMNI_CHAT) {
-        if (!YAJL_IS_NUMBER(v)) {
-            return ngx_http_omni_invalid_type(r, err, "top_logprobs",
-                                              "an integer", v);
-        }
-
-        if (strtod(v->u.number.r, NULL) != 0.0) {
-            return ngx_http_omni_unsupported(r, err, "top_logprobs", NULL);
-        }
-    }
-
-    return NGX_OK;
-}
-
-
-/* Text out only: modalities, audio, response_format. */
-
-static ngx_int_t
-ngx_http_omni_check_output(ngx_http_request_t *r, yajl_val root,
-    ngx_http_omni_error_t *err)
-{
-    char      *param, *more;
-    size_t     i, n;
-    yajl_val   v, m;
-
-    v = ngx_http_omni_member(root, "modalities");
-
-    if (v != NULL && !YAJL_IS_ARRAY(v)) {
-        return ngx_http_omni_invalid_type(r, err, "modalities",
-                                          "an array of strings", v);
-    }
-
-    for (i = 0; v != NULL && i < v->u.array.len; i++) {
-        m = v->u.array.values[i];
-
-        if (YAJL_IS_STRING(m) && ngx_strcmp(m->u.string, "text") == 0) {
-            continue;
-        }
-
-        if (YAJL_IS_STRING(m) && ngx_strcmp(m->u.string, "audio") == 0) {
-            goto audio;
-        }
-
-        param = ngx_http_omni_param(r, "modalities[%uz]", i, 0);
-        if (param == NULL) {
-            return NGX_ERROR;
-        }
-
-        if (!YAJL_IS_STRING(m)) {
-            return ngx_http_omni_invalid_type(r, err, param, "a string", m);
-        }
-
-        n = ngx_http_omni_clip(m->u.string, &more);
-
-        return ngx_http_omni_invalid(r, err, param, "invalid_value",
-                                     "Invalid value: '%*s%s'. Supported "
-                                     "values are: 'text' and 'audio'.",
-                                     n, m->u.string, more);
-    }
-
-    if (ngx_http_omni_member(root, "audio") != NULL) {
-        goto audio;
-    }
-
-    v = ngx_http_omni_member(root, "response_format");
-
-    if (v == NULL) {
-        return NGX_OK;
-    }
-
-    if (!YAJL_IS_OBJECT(v)) {
-        return ngx_http_omni_invalid_type(r, err, "response_format",
-                                          "an object", v);
-    }
-
-    m = ngx_http_omni_member(v, "type");
-
-    if (m != NULL && YAJL_IS_STRING(m) && ngx_strcmp(m->u.string, "text") == 0)
-    {
-        return NGX_OK;
-    }
-
-    return ngx_http_omni_unsupported(r, err, "response_format",
-                                     "Unsupported value: 'response_format' "
-                                     "must be of type 'text'; structured "
-                                     "output is not supported yet.");
-
-audio:
-
-    return ngx_http_omni_unsupported(r, err, "modalities",
-                                     "Unsupported value: audio output is "
-                                     "not supported yet.");
-}
-
-
-/* No tool calling: tools/functions empty, tool_choice/function_call
- * "none". */
-
-static ngx_int_t
-ngx_http_omni_check_tools(ngx_http_request_t *r, yajl_val root,
-    ngx_http_omni_error_t *err)
-{
-    char        *lists[] = { "tools", "functions" };
-    char        *choices[] = { "tool_choice", "function_call" };
-    yajl_val     v;
-    ngx_uint_t   i;
-
-    for (i = 0; i < 2; i++) {
-        v = ngx_http_omni_member(root, lists[i]);
-
-        if (v == NULL) {
-            continue;
-        }
-
-        if (!YAJL_IS_ARRAY(v)) {
-            return ngx_http_omni_invalid_type(r, err, lists[i], "an array",
-                                              v);
-        }
-
-        if (v->u.array.len > 0) {
-            return ngx_http_omni_invalid(r, err, lists[i],
-                                         "unsupported_parameter",
-                                         "Unsupported parameter: '%s': "
-                                         "tool calling is not supported "
-                                         "yet.", lists[i]);
-        }
-    }
-
-    for (i = 0; i < 2; i++) {
-        v = ngx_http_omni_member(root, choices[i]);
-
-        if (v == NULL
-            || (YAJL_IS_STRING(v) && ngx_strcmp(v->u.string, "none") == 0))
-        {
-            continue;
-        }
-
-        return ngx_http_omni_invalid(r, err, choices[i], "unsupported_value",
-                                     "Unsupported value: '%s' must be "
-                                     "'none'; tool calling is not supported "
-                                     "yet.", choices[i]);
-    }
-
-    return NGX_OK;
-}
-
-
-/* /v1/completions only: echo, best_of, suffix. */
-
-static ngx_int_t
-ngx_http_omni_check_legacy(ngx_http_request_t *r, yajl_val root,
-    ngx_http_omni_error_t *err)
-{
-    yajl_val    v;
-    ngx_int_t   rc;
-    ngx_uint_t  echo;
-
-    echo = 0;
-
-    rc = ngx_http_omni_bool(r, root, "echo", "echo", &echo, err);
-    if (rc != NGX_OK) {
-        return rc;
-    }
-
-    if (echo) {
-        return ngx_http_omni_unsupported(r, err, "echo", NULL);
-    }
-
-    v = ngx_http_omni_member(root, "best_of");
-
-    if (v != NULL) {
-        if (!YAJL_IS_NUMBER(v)) {
-            return ngx_http_omni_invalid_type(r, err, "best_of",
-                                              "an integer", v);
-        }
-
-        if (strtod(v->u.number.r, NULL) > 1.0) {
-            return ngx_http_omni_unsupported(r, err, "best_of",
-                                             "Unsupported value: 'best_of' "
-                                             "must be 1; only one "
-                                             "completion is generated.");
-        }
-    }
-
-    v = ngx_http_omni_member(root, "suffix");
-
-    if (v != NULL) {
-        if (!YAJL_IS_STRING(v)) {
-            return ngx_http_omni_invalid_type(r, err, "suffix", "a string",
-                                              v);
-        }
-
-        if (v->u.string[0] != '\0') {
-            return ngx_http_omni_unsupported(r, err, "suffix", NULL);
-        }
-    }
-
-    return NGX_OK;
-}
-
-
-/* prompt_cache_key becomes the engine's cache_salt: requests share
- * cached prefixes only when their keys are equal. "" means none. */
-
-static ngx_int_t
-ngx_http_omni_check_salt(ngx_http_request_t *r, yajl_val root,
-    ngx_http_omni_fields_t *f, ngx_http_omni_error_t *err)
-{
-    size_t    len;
-    yajl_val  v;
-
-    v = ngx_http_omni_member(root, "prompt_cache_key");
-
-    if (v == NULL) {
-        return NGX_OK;
-    }
-
-    if (!YAJL_IS_STRING(v)) {
-        return ngx_http_omni_invalid_type(r, err, "prompt_cache_key",
-                                          "a string", v);
-    }
-
-    len = ngx_strlen(v->u.string);
-
-    if (len > NGX_HTTP_OMNI_MAX_SALT) {
-        return ngx_http_omni_invalid(r, err, "prompt_cache_key",
-                                     "string_above_max_length",
-                                     "Invalid 'prompt_cache_key': string too "
-                                     "long. Expected a string with maximum "
-                                     "length %d, but got a string with "
-                                     "length %uz instead.",
-                                     NGX_HTTP_OMNI_MAX_SALT, len);
-    }
-
-    if (len > 0) {
-        f->salt = v;
-    }
-
-    return NGX_OK;
-}
-
-
-/*
- * seed: an integer >= 0, or, when absent, a fresh one (omni_seed_draw),
- * so that each request without one samples afresh as OpenAI's do.
- */
-
-static ngx_int_t
-ngx_http_omni_check_seed(ngx_http_request_t *r, yajl_val root,
-    ngx_http_omni_fields_t *f, ngx_http_omni_req_t *req,
-    ngx_http_omni_error_t *err)
-{
-    uint64_t   v;
-    yajl_val   seed;
-    ngx_int_t  rc;
-
-    seed = ngx_http_omni_member(root, "seed");
-
-    if (seed != NULL) {
-        rc = ngx_http_omni_check_int(r, "seed", seed, 0, &f->seed, err);
-        if (rc != NGX_OK) {
-            return rc;
-        }
-
-    } else {
-        if (omni_seed_draw(&v) != 0) {
-            ngx_log_error(NGX_LOG_ALERT, r->connection->log, ngx_errno,
-                          "omni: getrandom() failed, no seed for the request");
-            return NGX_ERROR;
-        }
-
-        f->seed = (int64_t) v;
-    }
-
-    req->seed.data = ngx_pnalloc(r->pool, NGX_INT64_LEN);
-    if (req->seed.data == NULL) {
-        return NGX_ERROR;
-    }
-
-    req->seed.len = ngx_sprintf(req->seed.data, "%L", f->seed)
-                    - req->seed.data;
-
-    return NGX_OK;
-}
-
-
-/* An integer >= min. JSON has one number type: 3.0 and 3e2 are integers,
- * 2.5 is not. The raw text is read: yajl 2.1.0's integer flag is not
- * reliable. */
-
-static ngx_int_t
-ngx_http_omni_check_int(ngx_http_request_t *r, char *param, yajl_val v,
-    int64_t min, int64_t *out, ngx_http_omni_error_t *err)
-{
-    char       *raw, *more;
-    size_t      n;
-    double      d;
-    int64_t     i;
-    ngx_int_t   beyond;     /* -1, +1: below, above every int64_t */
-    ngx_uint_t  neg;
-
-    if (!YAJL_IS_NUMBER(v)) {
-        return ngx_http_omni_invalid_type(r, err, param, "an integer", v);
-    }
-
-    raw = v->u.number.r;
-    n = ngx_http_omni_clip(raw, &more);
-    beyond = 0;
-    i = 0;
-
-    if (strpbrk(raw, ".eE") != NULL) {
-        d = strtod(raw, NULL);
-
-        if (d < -9.2e18) {
-            beyond = -1;
-
-        } else if (d > 9.2e18) {
-            beyond = 1;
-
-        } else {
-            i = (int64_t) d;
-
-            if ((double) i != d) {
-                return ngx_http_omni_invalid(r, err, param, "invalid_type",
-                                             "Invalid type for '%s': "
-                                             "expected an integer, but got "
-                                             "a decimal number instead.",
-                                             param);
-            }
-        }
-
-    } else {
-        /* ngx_atoof() takes digits only and fails on overflow */
-
-        neg = (raw[0] == '-');
-        i = ngx_atoof((u_char *) raw + neg, ngx_strlen(raw) - neg);
-
-        if (i == NGX_ERROR) {
-            beyond = neg ? -1 : 1;
-
-        } else if (neg) {
-            i = -i;
-        }
-    }
-
-    if (beyond < 0 || (beyond == 0 && i < min)) {
-        return ngx_http_omni_invalid(r, err, param, "integer_below_min_value",
-                                     "Invalid '%s': integer below minimum "
-                                     "value. Expected a value >= %L, but "
-                                     "got %*s%s instead.",
-                                     param, min, n, raw, more);
-    }
-
-    if (beyond > 0) {
-        return ngx_http_omni_invalid(r, err, param, "integer_above_max_value",
-                                     "Invalid '%s': integer above maximum "
-                                     "value. Expected a value <= %L, but "
-                                     "got %*s%s instead.",
-                                     param, (int64_t) INT64_MAX,
-                                     n, raw, more);
-    }
-
-    *out = i;
-
-    return NGX_OK;
-}
-
-
-/* An optional boolean o.key; *flag is left alone when absent or null. */
-
-static ngx_int_t
-ngx_http_omni_bool(ngx_http_request_t *r, yajl_val o, char *key,
-    char *param, ngx_uint_t *flag, ngx_http_omni_error_t *err)
-{
-    yajl_val  v;
-
-    v = ngx_http_omni_member(o, key);
-
-    if (v == NULL) {
-        return NGX_OK;
-    }
-
-    if (YAJL_IS_TRUE(v)) {
-        *flag = 1;
-        return NGX_OK;
-    }
-
-    if (YAJL_IS_FALSE(v)) {
-        *flag = 0;
-        return NGX_OK;
-    }
-
-    return ngx_http_omni_invalid_type(r, err, param, "a boolean", v);
-}
-
-
 /* ---- the engine request ---- */
 
 static ngx_int_t
 ngx_http_omni_engine_request(ngx_http_request_t *r,
-    ngx_http_omni_endpoint_e endpoint, yajl_val root,
+    ngx_http_omni_kind_e kind, yajl_val root,
     ngx_http_omni_fields_t *f, ngx_http_omni_req_t *req,
     ngx_http_omni_error_t *err)
 {
@@ -1108,7 +476,7 @@ ngx_http_omni_engine_request(ngx_http_request_t *r,
     buf = NULL;
     len = 0;
 
-    s = ngx_http_omni_gen_request(g, endpoint, root, f);
+    s = ngx_http_omni_gen_request(g, kind, root, f);
 
     if (s == yajl_gen_status_ok) {
         s = yajl_gen_get_buf(g, &buf, &len);
@@ -1150,12 +518,12 @@ ngx_http_omni_engine_request(ngx_http_request_t *r,
 
 /*
  * {"model", "messages" | "prompt", "max_tokens", sampling fields as given,
- *  "cache_salt", "seed"}. The yajl_gen statuses are or-ed: yajl_gen_status_ok is
- * 0, so any failure leaves the result nonzero.
+ *  "cache_salt", "seed"}. The yajl_gen statuses are or-ed:
+ * yajl_gen_status_ok is 0, so any failure leaves the result nonzero.
  */
 
 static ngx_uint_t
-ngx_http_omni_gen_request(yajl_gen g, ngx_http_omni_endpoint_e endpoint,
+ngx_http_omni_gen_request(yajl_gen g, ngx_http_omni_kind_e kind,
     yajl_val root, ngx_http_omni_fields_t *f)
 {
     yajl_val     v;
@@ -1166,7 +534,7 @@ ngx_http_omni_gen_request(yajl_gen g, ngx_http_omni_endpoint_e endpoint,
     s |= ngx_http_omni_gen_str(g, "model");
     s |= ngx_http_omni_gen_value(g, f->model);
 
-    if (endpoint == NGX_HTTP_OMNI_CHAT) {
+    if (kind == NGX_HTTP_OMNI_KIND_CHAT) {
         s |= ngx_http_omni_gen_str(g, "messages");
         s |= ngx_http_omni_gen_messages(g, f->input);
 
@@ -1249,243 +617,3 @@ ngx_http_omni_gen_messages(yajl_gen g, yajl_val msgs)
 }
 
 
-/* A tree value as it came; recursion is bounded by the pre-scan's depth
- * limit, below yajl_gen's YAJL_MAX_DEPTH. */
-
-ngx_uint_t
-ngx_http_omni_gen_value(yajl_gen g, yajl_val v)
-{
-    size_t      i;
-    ngx_uint_t  s;
-
-    switch (v->type) {
-
-    case yajl_t_string:
-        return ngx_http_omni_gen_str(g, v->u.string);
-
-    case yajl_t_number:
-        return yajl_gen_number(g, v->u.number.r, ngx_strlen(v->u.number.r));
-
-    case yajl_t_object:
-        s = yajl_gen_map_open(g);
-
-        for (i = 0; i < v->u.object.len; i++) {
-            s |= ngx_http_omni_gen_str(g, v->u.object.keys[i]);
-            s |= ngx_http_omni_gen_value(g, v->u.object.values[i]);
-        }
-
-        return s | yajl_gen_map_close(g);
-
-    case yajl_t_array:
-        s = yajl_gen_array_open(g);
-
-        for (i = 0; i < v->u.array.len; i++) {
-            s |= ngx_http_omni_gen_value(g, v->u.array.values[i]);
-        }
-
-        return s | yajl_gen_array_close(g);
-
-    case yajl_t_true:
-        return yajl_gen_bool(g, 1);
-
-    case yajl_t_false:
-        return yajl_gen_bool(g, 0);
-
-    default:
-        return yajl_gen_null(g);
-    }
-}
-
-
-ngx_uint_t
-ngx_http_omni_gen_str(yajl_gen g, const char *s)
-{
-    return yajl_gen_string(g, (const unsigned char *) s, ngx_strlen(s));
-}
-
-
-/* ---- tree helpers and errors ---- */
-
-/* The value of key in object o, the last one when repeated (as
- * JSON.parse does); NULL when absent or null. */
-
-yajl_val
-ngx_http_omni_member(yajl_val o, const char *key)
-{
-    size_t    i;
-    yajl_val  v;
-
-    v = NULL;
-
-    for (i = 0; i < o->u.object.len; i++) {
-        if (ngx_strcmp(o->u.object.keys[i], key) == 0) {
-            v = o->u.object.values[i];
-        }
-    }
-
-    return YAJL_IS_NULL(v) ? NULL : v;
-}
-
-
-static char *
-ngx_http_omni_type(yajl_val v)
-{
-    switch (v->type) {
-
-    case yajl_t_string:
-        return "a string";
-
-    case yajl_t_number:
-        return strpbrk(v->u.number.r, ".eE") ? "a number" : "an integer";
-
-    case yajl_t_object:
-        return "an object";
-
-    case yajl_t_array:
-        return "an array";
-
-    case yajl_t_true:
-    case yajl_t_false:
-        return "a boolean";
-
-    default:
-        return "null";
-    }
-}
-
-
-/* How many bytes of s (valid UTF-8) to quote back: at most
- * NGX_HTTP_OMNI_CLIP, cut at a character boundary; *more is "..." when
- * cut, else "". */
-
-static size_t
-ngx_http_omni_clip(const char *s, char **more)
-{
-    size_t  n;
-
-    n = ngx_strnlen((u_char *) s, NGX_HTTP_OMNI_CLIP + 1);
-
-    if (n <= NGX_HTTP_OMNI_CLIP) {
-        *more = "";
-        return n;
-    }
-
-    n = NGX_HTTP_OMNI_CLIP;
-
-    while (n > 0 && ((u_char) s[n] & 0xc0) == 0x80) {
-        n--;
-    }
-
-    *more = "...";
-
-    return n;
-}
-
-
-/* A parameter path such as "messages[2].content[0]", NUL-terminated. */
-
-static char *
-ngx_http_omni_param(ngx_http_request_t *r, char *fmt, size_t i, size_t j)
-{
-    u_char  *p;
-
-    p = ngx_pnalloc(r->pool, NGX_HTTP_OMNI_PARAM_MAX);
-    if (p == NULL) {
-        return NULL;
-    }
-
-    *ngx_slprintf(p, p + NGX_HTTP_OMNI_PARAM_MAX - 1, fmt, i, j) = '\0';
-
-    return (char *) p;
-}
-
-
-/* why: the first line of yajl's message, or the pre-scan's. */
-
-static ngx_int_t
-ngx_http_omni_bad_json(ngx_http_request_t *r, u_char *why,
-    ngx_http_omni_error_t *err)
-{
-    size_t  n;
-
-    for (n = 0; why[n] != '\0' && why[n] != '\n'; n++) { /* void */ }
-
-    while (n > 0 && (why[n - 1] == ' ' || why[n - 1] == '.')) {
-        n--;
-    }
-
-    return ngx_http_omni_invalid(r, err, NULL, NULL,
-                                 "We could not parse the JSON body of your "
-                                 "request. (HINT: This likely means you "
-                                 "aren't using your HTTP library correctly. "
-                                 "The API expects a JSON payload, but what "
-                                 "was sent was not valid JSON: %*s.)",
-                                 n, why);
-}
-
-
-/* Fills err with a 400 invalid_request_error; param and code are static
- * or pool strings, NULL for JSON null. Returns NGX_DECLINED, or NGX_ERROR
- * when out of memory. */
-
-static ngx_int_t
-ngx_http_omni_invalid(ngx_http_request_t *r, ngx_http_omni_error_t *err,
-    char *param, char *code, const char *fmt, ...)
-{
-    u_char   *p, *last;
-    va_list   args;
-
-    p = ngx_pnalloc(r->pool, NGX_HTTP_OMNI_MSG_MAX);
-    if (p == NULL) {
-        return NGX_ERROR;
-    }
-
-    va_start(args, fmt);
-    last = ngx_vslprintf(p, p + NGX_HTTP_OMNI_MSG_MAX, fmt, args);
-    va_end(args);
-
-    err->status = NGX_HTTP_BAD_REQUEST;
-    ngx_str_set(&err->type, "invalid_request_error");
-
-    err->param.data = (u_char *) param;
-    err->param.len = (param != NULL) ? ngx_strlen(param) : 0;
-
-    err->code.data = (u_char *) code;
-    err->code.len = (code != NULL) ? ngx_strlen(code) : 0;
-
-    err->message.data = p;
-    err->message.len = last - p;
-
-    ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
-                  "client sent invalid omni request: %V", &err->message);
-
-    return NGX_DECLINED;
-}
-
-
-static ngx_int_t
-ngx_http_omni_invalid_type(ngx_http_request_t *r, ngx_http_omni_error_t *err,
-    char *param, char *want, yajl_val v)
-{
-    return ngx_http_omni_invalid(r, err, param, "invalid_type",
-                                 "Invalid type for '%s': expected %s, but "
-                                 "got %s instead.",
-                                 param, want, ngx_http_omni_type(v));
-}
-
-
-/* why NULL: the parameter itself is not supported. */
-
-static ngx_int_t
-ngx_http_omni_unsupported(ngx_http_request_t *r, ngx_http_omni_error_t *err,
-    char *param, char *why)
-{
-    if (why == NULL) {
-        return ngx_http_omni_invalid(r, err, param, "unsupported_parameter",
-                                     "Unsupported parameter: '%s' is not "
-                                     "supported yet.", param);
-    }
-
-    return ngx_http_omni_invalid(r, err, param, "unsupported_value", "%s",
-                                 why);
-}

@@ -17,16 +17,18 @@
  * process_header decides the response from the first frames:
  *
  *   streaming request, first frame TEXT or DONE: 200 text/event-stream;
- *       the frames stay in the buffer for the input filter, which turns
- *       each one into an SSE event sent and flushed at once;
+ *       the frames stay in the buffer for the input filter
+ *       (ngx_http_omni_sse.c), which turns each one into an SSE event
+ *       sent and flushed at once;
  *   non-streaming request: TEXT is gathered, the body is built at DONE
  *       (so it has a Content-Length) or at ERROR (the engine's status);
- *   control frames: their one reply.
+ *   control frames: their one reply, made by the endpoint's reply
+ *       function (its row's reply_frame and reply).
  *
  * A whole body made here goes out through u->out_bufs with u->length 0,
  * which makes the upstream module finish the request as soon as it is
  * sent. An engine that fails before the header leaves the response to
- * nginx's error page, which ngx_http_omni_stream.c replaces by JSON; after
+ * nginx's error page, which ngx_http_omni_output.c replaces by JSON; after
  * the header, by an SSE error event and a clean end.
  */
 
@@ -48,31 +50,7 @@ static ngx_int_t ngx_http_omni_header_frame(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, ngx_str_t *payload);
 static ngx_int_t ngx_http_omni_gather(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, ngx_str_t *text);
-static ngx_int_t ngx_http_omni_health_reply(ngx_http_request_t *r,
-    ngx_http_omni_ctx_t *ctx, ngx_str_t *payload);
-static ngx_int_t ngx_http_omni_metrics_reply(ngx_http_request_t *r,
-    ngx_http_omni_ctx_t *ctx, ngx_str_t *payload);
-static ngx_int_t ngx_http_omni_reply(ngx_http_request_t *r,
-    ngx_http_omni_ctx_t *ctx, ngx_uint_t status, ngx_str_t *type,
-    ngx_chain_t *body);
-static ngx_int_t ngx_http_omni_reply_buf(ngx_http_request_t *r,
-    ngx_http_omni_ctx_t *ctx, ngx_uint_t status, ngx_str_t *type,
-    ngx_buf_t *b);
-static ngx_int_t ngx_http_omni_reply_error(ngx_http_request_t *r,
-    ngx_http_omni_ctx_t *ctx, ngx_http_omni_error_t *err);
-static ngx_int_t ngx_http_omni_invalid_frame(ngx_http_request_t *r,
-    ngx_http_omni_ctx_t *ctx, const char *what);
-static ngx_int_t ngx_http_omni_parse_frame(ngx_http_request_t *r,
-    ngx_http_omni_ctx_t *ctx, u_char **pos, u_char *last,
-    ngx_str_t *payload);
 static ngx_int_t ngx_http_omni_input_filter_init(void *data);
-static ngx_int_t ngx_http_omni_input_filter(void *data, ssize_t bytes);
-static ngx_int_t ngx_http_omni_stream_frame(ngx_http_request_t *r,
-    ngx_http_omni_ctx_t *ctx, ngx_str_t *payload);
-static ngx_int_t ngx_http_omni_stream_done(ngx_http_request_t *r,
-    ngx_http_omni_ctx_t *ctx, ngx_str_t *payload);
-static ngx_int_t ngx_http_omni_stream_error(ngx_http_request_t *r,
-    ngx_http_omni_ctx_t *ctx, ngx_http_omni_error_t *err);
 static void ngx_http_omni_abort_request(ngx_http_request_t *r);
 static void ngx_http_omni_finalize_request(ngx_http_request_t *r,
     ngx_int_t rc);
@@ -82,8 +60,6 @@ static ngx_str_t  ngx_http_omni_json_type =
     ngx_string("application/json");
 static ngx_str_t  ngx_http_omni_sse_type =
     ngx_string("text/event-stream; charset=utf-8");
-static ngx_str_t  ngx_http_omni_metrics_type =
-    ngx_string("text/plain; version=0.0.4; charset=utf-8");
 
 
 ngx_int_t
@@ -130,34 +106,16 @@ ngx_http_omni_create_request(ngx_http_request_t *r)
 
     ctx = ngx_http_get_module_ctx(r, ngx_http_omni_module);
 
-    ngx_str_null(&payload);
+    /* the endpoint's frame: a REQUEST carries what its body said, a
+     * control frame nothing */
 
-    switch (ctx->endpoint) {
+    type = (uint8_t) ctx->endpoint->frame;
 
-    case NGX_HTTP_OMNI_CHAT:
-    case NGX_HTTP_OMNI_COMPLETIONS:
-        type = OMNI_F_REQUEST;
+    if (ctx->endpoint->parse) {
         payload = ctx->req.engine;
-        break;
 
-    case NGX_HTTP_OMNI_MODELS:
-    case NGX_HTTP_OMNI_MODEL:
-        type = OMNI_F_MODELS;
-        break;
-
-    case NGX_HTTP_OMNI_HEALTH:
-        type = OMNI_F_HEALTH;
-        break;
-
-    case NGX_HTTP_OMNI_METRICS:
-        type = OMNI_F_METRICS;
-        break;
-
-    default:
-        ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
-                      "omni: no engine frame for endpoint %d",
-                      (int) ctx->endpoint);
-        return NGX_ERROR;
+    } else {
+        ngx_str_null(&payload);
     }
 
     b = ngx_create_temp_buf(r->pool, OMNI_FRAME_HDR);
@@ -226,7 +184,6 @@ ngx_http_omni_reinit_request(ngx_http_request_t *r)
     ctx->done = 0;
     ctx->text = NULL;
     ctx->text_last = NULL;
-    ctx->text_len = 0;
     ctx->out = NULL;
     ctx->err.status = 0;
 
@@ -325,24 +282,27 @@ static ngx_int_t
 ngx_http_omni_header_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_str_t *payload)
 {
-    ngx_buf_t              *b;
-    ngx_int_t               rc;
-    ngx_uint_t              request;
-    ngx_http_omni_error_t   err;
+    ngx_uint_t                 completion;
+    ngx_http_omni_error_t      err;
+    ngx_http_omni_endpoint_t  *ep;
 
     ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
                    "omni frame: type %ui, %uz bytes",
                    (ngx_uint_t) ctx->frame.type, payload->len);
 
-    request = (ctx->endpoint == NGX_HTTP_OMNI_CHAT
-               || ctx->endpoint == NGX_HTTP_OMNI_COMPLETIONS);
+    ep = ctx->endpoint;
 
-    ngx_memzero(&err, sizeof(ngx_http_omni_error_t));
+    if (ep->reply && ctx->frame.type == ep->reply_frame) {
+        ctx->done = 1;
+        return ep->reply(r, ctx, payload);
+    }
+
+    completion = (ep->reply == NULL);
 
     switch (ctx->frame.type) {
 
     case OMNI_F_TEXT:
-        if (!request) {
+        if (!completion) {
             break;
         }
 
@@ -353,7 +313,7 @@ ngx_http_omni_header_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
         return NGX_AGAIN;
 
     case OMNI_F_DONE:
-        if (!request) {
+        if (!completion) {
             break;
         }
 
@@ -372,60 +332,13 @@ ngx_http_omni_header_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
                                        ngx_http_omni_completion_json(r, ctx));
 
     case OMNI_F_ERROR:
-        if (ngx_http_omni_engine_error(payload->data, payload->len, &err)
-            != NGX_OK)
-        {
+        if (ngx_http_omni_error_frame(r, ctx, payload, &err) != NGX_OK) {
             return ngx_http_omni_invalid_frame(r, ctx, "ERROR");
         }
-
-        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
-                      "omni engine error %ui: \"%V\"",
-                      err.status, &err.message);
 
         ctx->done = 1;
 
         return ngx_http_omni_reply_error(r, ctx, &err);
-
-    case OMNI_F_MODELS_R:
-        if (ctx->endpoint != NGX_HTTP_OMNI_MODELS
-            && ctx->endpoint != NGX_HTTP_OMNI_MODEL)
-        {
-            break;
-        }
-
-        ctx->done = 1;
-
-        rc = ngx_http_omni_models_json(r, ctx, payload->data, payload->len,
-                                       &b, &err);
-
-        if (rc == NGX_DECLINED) {
-            return ngx_http_omni_reply_error(r, ctx, &err);
-        }
-
-        if (rc != NGX_OK) {
-            return ngx_http_omni_invalid_frame(r, ctx, "MODELS_R");
-        }
-
-        return ngx_http_omni_reply_buf(r, ctx, NGX_HTTP_OK,
-                                       &ngx_http_omni_json_type, b);
-
-    case OMNI_F_HEALTH_R:
-        if (ctx->endpoint != NGX_HTTP_OMNI_HEALTH) {
-            break;
-        }
-
-        ctx->done = 1;
-
-        return ngx_http_omni_health_reply(r, ctx, payload);
-
-    case OMNI_F_METRICS_R:
-        if (ctx->endpoint != NGX_HTTP_OMNI_METRICS) {
-            break;
-        }
-
-        ctx->done = 1;
-
-        return ngx_http_omni_metrics_reply(r, ctx, payload);
     }
 
     ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
@@ -479,85 +392,40 @@ ngx_http_omni_gather(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     }
 
     cl->buf->last = ngx_cpymem(cl->buf->last, text->data, text->len);
-    ctx->text_len += text->len;
 
     return NGX_OK;
 }
 
 
-/* HEALTH_R: u16 status (200 ready), then the reason */
+/* MODELS_R: OpenAI's model list, or the one model the URI names */
 
-static ngx_int_t
-ngx_http_omni_health_reply(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
+ngx_int_t
+ngx_http_omni_models_reply(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_str_t *payload)
 {
-    ngx_uint_t  ok;
+    ngx_buf_t              *b;
+    ngx_int_t               rc;
+    ngx_http_omni_error_t   err;
 
-    if (payload->len < 2) {
-        return ngx_http_omni_invalid_frame(r, ctx, "HEALTH_R");
+    ngx_memzero(&err, sizeof(ngx_http_omni_error_t));
+
+    rc = ngx_http_omni_models_json(r, ctx, payload->data, payload->len,
+                                   &b, &err);
+
+    if (rc == NGX_DECLINED) {
+        return ngx_http_omni_reply_error(r, ctx, &err);
     }
 
-    ok = omni_rd16(payload->data) == NGX_HTTP_OK;
+    if (rc != NGX_OK) {
+        return ngx_http_omni_invalid_frame(r, ctx, "MODELS_R");
+    }
 
-    return ngx_http_omni_reply_buf(r, ctx,
-                                   ok ? NGX_HTTP_OK
-                                      : NGX_HTTP_SERVICE_UNAVAILABLE,
-                                   &ngx_http_omni_json_type,
-                                   ngx_http_omni_health_json(r, ok,
-                                                             payload->data + 2,
-                                                             payload->len - 2));
+    return ngx_http_omni_reply_buf(r, ctx, NGX_HTTP_OK,
+                                   &ngx_http_omni_json_type, b);
 }
 
 
-/* METRICS_R: the engine's text, then the module's counters */
-
-static ngx_int_t
-ngx_http_omni_metrics_reply(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
-    ngx_str_t *payload)
-{
-    ngx_buf_t    *b;
-    ngx_chain_t  *cl;
-
-    /* the payload may be a view into u->buffer, which is read into again
-     * while the body goes out */
-
-    b = ngx_create_temp_buf(r->pool, payload->len ? payload->len : 1);
-    if (b == NULL) {
-        return NGX_ERROR;
-    }
-
-    b->last = ngx_cpymem(b->last, payload->data, payload->len);
-
-    cl = ngx_alloc_chain_link(r->pool);
-    if (cl == NULL) {
-        return NGX_ERROR;
-    }
-
-    cl->buf = b;
-
-    cl->next = ngx_alloc_chain_link(r->pool);
-    if (cl->next == NULL) {
-        return NGX_ERROR;
-    }
-
-    cl->next->buf = ngx_http_omni_metrics_text(r, 1);
-    if (cl->next->buf == NULL) {
-        return NGX_ERROR;
-    }
-
-    cl->next->next = NULL;
-
-    return ngx_http_omni_reply(r, ctx, NGX_HTTP_OK,
-                               &ngx_http_omni_metrics_type, cl);
-}
-
-
-/*
- * The response made before the header: status, Content-Type and
- * Content-Length; the body goes out in input_filter_init.
- */
-
-static ngx_int_t
+ngx_int_t
 ngx_http_omni_reply(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_uint_t status, ngx_str_t *type, ngx_chain_t *body)
 {
@@ -594,9 +462,7 @@ ngx_http_omni_reply(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 }
 
 
-/* The reply of one buffer b; b NULL (out of memory) is NGX_ERROR. */
-
-static ngx_int_t
+ngx_int_t
 ngx_http_omni_reply_buf(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_uint_t status, ngx_str_t *type, ngx_buf_t *b)
 {
@@ -618,7 +484,7 @@ ngx_http_omni_reply_buf(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 }
 
 
-static ngx_int_t
+ngx_int_t
 ngx_http_omni_reply_error(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_http_omni_error_t *err)
 {
@@ -628,10 +494,9 @@ ngx_http_omni_reply_error(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 }
 
 
-/* A frame the engine should not have sent: a 502 whose JSON the error
- * page filter writes from ctx->err. */
+/* The 502's JSON is the error page filter's, from ctx->err. */
 
-static ngx_int_t
+ngx_int_t
 ngx_http_omni_invalid_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     const char *what)
 {
@@ -646,6 +511,31 @@ ngx_http_omni_invalid_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 }
 
 
+/* An ERROR frame, before the header or in a stream, as the OpenAI error
+ * err (views into the payload), logged at info: the client's request was
+ * refused, the engine did its job. NGX_ERROR: the payload is not an
+ * ERROR's; the caller names the frame invalid. */
+
+ngx_int_t
+ngx_http_omni_error_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
+    ngx_str_t *payload, ngx_http_omni_error_t *err)
+{
+    ngx_memzero(err, sizeof(ngx_http_omni_error_t));
+
+    if (ngx_http_omni_engine_error(payload->data, payload->len, err)
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                  "omni engine error %ui%s: \"%V\"", err->status,
+                  ctx->header_sent ? " in a stream" : "", &err->message);
+
+    return NGX_OK;
+}
+
+
 /*
  * Reads one frame from *pos up to last, advancing *pos. NGX_OK: a whole
  * frame, header in ctx->frame, payload in *payload (a view into the
@@ -655,7 +545,7 @@ ngx_http_omni_invalid_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
  * NGX_ERROR.
  */
 
-static ngx_int_t
+ngx_int_t
 ngx_http_omni_parse_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     u_char **pos, u_char *last, ngx_str_t *payload)
 {
@@ -778,224 +668,6 @@ ngx_http_omni_input_filter_init(void *data)
 }
 
 
-/* The event stream: each frame becomes one SSE event, sent at once. */
-
-static ngx_int_t
-ngx_http_omni_input_filter(void *data, ssize_t bytes)
-{
-    ngx_http_request_t  *r = data;
-
-    u_char                *p;
-    ngx_int_t              rc;
-    ngx_buf_t             *b;
-    ngx_str_t              payload;
-    ngx_http_upstream_t   *u;
-    ngx_http_omni_ctx_t   *ctx;
-
-    u = r->upstream;
-    b = &u->buffer;
-
-    ctx = ngx_http_get_module_ctx(r, ngx_http_omni_module);
-
-    p = b->last;
-    b->last += bytes;
-
-    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                   "omni filter: %z bytes", bytes);
-
-    if (ctx->done) {
-        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                      "omni engine sent %z bytes after its last frame",
-                      bytes);
-        return NGX_OK;
-    }
-
-    while (p < b->last) {
-
-        rc = ngx_http_omni_parse_frame(r, ctx, &p, b->last, &payload);
-
-        if (rc == NGX_AGAIN) {
-            break;
-        }
-
-        if (rc == NGX_OK) {
-            rc = ngx_http_omni_stream_frame(r, ctx, &payload);
-        }
-
-        if (rc == NGX_ERROR) {
-            return NGX_ERROR;
-        }
-
-        if (rc == NGX_HTTP_UPSTREAM_INVALID_HEADER) {
-            ngx_http_omni_count(r, NGX_HTTP_OMNI_M_UPSTREAM_ERROR);
-
-            if (ngx_http_omni_stream_error(r, ctx, &ctx->err) == NGX_ERROR) {
-                return NGX_ERROR;
-            }
-        }
-
-        if (ctx->done) {
-            u->length = 0;
-            break;
-        }
-    }
-
-    return NGX_OK;
-}
-
-
-/* One frame of an event stream: NGX_OK, NGX_ERROR (the client is gone)
- * or NGX_HTTP_UPSTREAM_INVALID_HEADER. */
-
-static ngx_int_t
-ngx_http_omni_stream_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
-    ngx_str_t *payload)
-{
-    ngx_chain_t            *cl;
-    ngx_http_omni_error_t   err;
-
-    switch (ctx->frame.type) {
-
-    case OMNI_F_TEXT:
-
-        if (ctx->endpoint == NGX_HTTP_OMNI_CHAT && !ctx->role_sent) {
-            cl = ngx_http_omni_chunk_role(r, ctx);
-            if (cl == NULL) {
-                return NGX_ERROR;
-            }
-
-            ctx->role_sent = 1;
-
-            if (ngx_http_omni_send_event(r, ctx, cl) == NGX_ERROR) {
-                return NGX_ERROR;
-            }
-        }
-
-        if (payload->len == 0) {
-            return NGX_OK;
-        }
-
-        cl = ngx_http_omni_chunk_text(r, ctx, payload->data, payload->len);
-        if (cl == NULL) {
-            return NGX_ERROR;
-        }
-
-        return ngx_http_omni_send_event(r, ctx, cl) == NGX_ERROR
-               ? NGX_ERROR : NGX_OK;
-
-    case OMNI_F_DONE:
-        return ngx_http_omni_stream_done(r, ctx, payload);
-
-    case OMNI_F_ERROR:
-        ngx_memzero(&err, sizeof(ngx_http_omni_error_t));
-
-        if (ngx_http_omni_engine_error(payload->data, payload->len, &err)
-            != NGX_OK)
-        {
-            return ngx_http_omni_invalid_frame(r, ctx, "ERROR");
-        }
-
-        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
-                      "omni engine error %ui in a stream: \"%V\"",
-                      err.status, &err.message);
-
-        return ngx_http_omni_stream_error(r, ctx, &err);
-    }
-
-    ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                  "omni engine sent unexpected frame type %ui in a stream",
-                  (ngx_uint_t) ctx->frame.type);
-
-    return ngx_http_omni_invalid_frame(r, ctx, NULL);
-}
-
-
-/* DONE: the finish chunk, the usage chunk if asked for, [DONE] */
-
-static ngx_int_t
-ngx_http_omni_stream_done(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
-    ngx_str_t *payload)
-{
-    ngx_chain_t  *cl;
-
-    if (omni_done_decode(&ctx->usage, payload->data) != 0) {
-        return ngx_http_omni_invalid_frame(r, ctx, "DONE");
-    }
-
-    ctx->done = 1;
-    ngx_http_omni_keepalive_stop(ctx);
-
-    if (ctx->endpoint == NGX_HTTP_OMNI_CHAT && !ctx->role_sent) {
-        cl = ngx_http_omni_chunk_role(r, ctx);
-        if (cl == NULL) {
-            return NGX_ERROR;
-        }
-
-        ctx->role_sent = 1;
-
-        if (ngx_http_omni_send_event(r, ctx, cl) == NGX_ERROR) {
-            return NGX_ERROR;
-        }
-    }
-
-    cl = ngx_http_omni_chunk_finish(r, ctx);
-    if (cl == NULL) {
-        return NGX_ERROR;
-    }
-
-    if (ngx_http_omni_send_event(r, ctx, cl) == NGX_ERROR) {
-        return NGX_ERROR;
-    }
-
-    if (ctx->req.include_usage) {
-        cl = ngx_http_omni_chunk_usage(r, ctx);
-        if (cl == NULL) {
-            return NGX_ERROR;
-        }
-
-        if (ngx_http_omni_send_event(r, ctx, cl) == NGX_ERROR) {
-            return NGX_ERROR;
-        }
-    }
-
-    cl = ngx_http_omni_chunk_done(r, ctx);
-    if (cl == NULL) {
-        return NGX_ERROR;
-    }
-
-    ngx_log_debug3(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                   "omni stream done: prompt %uD, completion %uD, "
-                   "finish %ui", ctx->usage.prompt_tokens,
-                   ctx->usage.completion_tokens,
-                   (ngx_uint_t) ctx->usage.finish);
-
-    return ngx_http_omni_send_event(r, ctx, cl) == NGX_ERROR
-           ? NGX_ERROR : NGX_OK;
-}
-
-
-/* An error after the stream began: one error event, then the stream
- * ends (the caller sets u->length 0, or finalize sends the last buffer). */
-
-static ngx_int_t
-ngx_http_omni_stream_error(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
-    ngx_http_omni_error_t *err)
-{
-    ngx_chain_t  *cl;
-
-    ctx->done = 1;
-    ngx_http_omni_keepalive_stop(ctx);
-
-    cl = ngx_http_omni_error_event(r, ctx, err);
-    if (cl == NULL) {
-        return NGX_ERROR;
-    }
-
-    return ngx_http_omni_send_event(r, ctx, cl) == NGX_ERROR
-           ? NGX_ERROR : NGX_OK;
-}
-
-
 static void
 ngx_http_omni_abort_request(ngx_http_request_t *r)
 {
@@ -1036,7 +708,7 @@ ngx_http_omni_finalize_request(ngx_http_request_t *r, ngx_int_t rc)
 
     if (!u->header_sent) {
 
-        /* nginx's error page follows; stream.c makes it JSON from
+        /* nginx's error page follows; output.c makes it JSON from
          * ctx->err */
 
         if (rc == NGX_HTTP_BAD_GATEWAY || rc == NGX_HTTP_GATEWAY_TIME_OUT) {

@@ -340,6 +340,9 @@ Test::More::ok($new, "respawned: $new");
 Test::More::is((stat "$main::State/engine.log")[2] & 0777, 0640,
                'the engine it starts narrows engine.log to 0640');
 push @main::Gone, $new, main::children($new);
+# it holds the lock before its model is loaded: /health is 503 until then
+Test::More::ok(main::wait_health({ socket => $main::Sock }, 200, 30),
+               'the new engine is ready');
 --- request
 GET /health
 --- error_code: 200

@@ -5,7 +5,7 @@
 
 
 /*
- * ngx_http_omni_stream.c -- what goes out to the client.
+ * ngx_http_omni_output.c -- what goes out to the client.
  *
  * Responses the module makes itself (errors found by the handler, SSE
  * events) go through the whole output filter chain. An event is one
@@ -27,10 +27,6 @@
  * x-request-id, and replace nginx's own error pages there (a 413 for a
  * body over client_max_body_size, the 502 of an engine that cannot be
  * reached, ...) by OpenAI's error object, without error_page.
- *
- * The OpenAI error of each way the engine can fail a request (down, gone,
- * late, invalid, cut short) and the Retry-After rule are written here
- * once, for those pages and for the upstream callbacks alike.
  */
 
 
@@ -52,10 +48,8 @@ static void ngx_http_omni_keepalive_cleanup(void *data);
 static ngx_int_t ngx_http_omni_header_filter(ngx_http_request_t *r);
 static ngx_int_t ngx_http_omni_body_filter(ngx_http_request_t *r,
     ngx_chain_t *in);
-static ngx_int_t ngx_http_omni_error_page(ngx_http_request_t *r,
+static ngx_int_t ngx_http_omni_replace_page(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, ngx_uint_t status);
-static void ngx_http_omni_page_error(ngx_uint_t status,
-    ngx_http_omni_error_t *err);
 
 
 static ngx_http_output_header_filter_pt  ngx_http_next_header_filter;
@@ -63,57 +57,6 @@ static ngx_http_output_body_filter_pt    ngx_http_next_body_filter;
 
 
 static ngx_str_t  ngx_http_omni_json_type = ngx_string("application/json");
-
-/*
- * The engine's failures, by ngx_http_omni_fault_e: the only place their
- * words are written. All are server_error; a 503 code engine_unavailable
- * tells a client to try again (Retry-After), the others have no code.
- */
-
-typedef struct {
-    ngx_uint_t                  status;
-    ngx_str_t                   code;
-    ngx_str_t                   message;
-} ngx_http_omni_fault_t;
-
-
-static ngx_http_omni_fault_t  ngx_http_omni_faults[] = {
-
-    /* NGX_HTTP_OMNI_ENGINE_DOWN */
-    { NGX_HTTP_SERVICE_UNAVAILABLE,
-      ngx_string("engine_unavailable"),
-      ngx_string("The engine is not available, please try again later.") },
-
-    /* NGX_HTTP_OMNI_ENGINE_GONE */
-    { NGX_HTTP_SERVICE_UNAVAILABLE,
-      ngx_string("engine_unavailable"),
-      ngx_string("The engine closed the connection before its answer was "
-                 "complete, please try again later.") },
-
-    /* NGX_HTTP_OMNI_ENGINE_TIMEOUT */
-    { NGX_HTTP_GATEWAY_TIME_OUT,
-      ngx_null_string,
-      ngx_string("The engine did not answer in time.") },
-
-    /* NGX_HTTP_OMNI_ENGINE_INVALID */
-    { NGX_HTTP_BAD_GATEWAY,
-      ngx_null_string,
-      ngx_string("The engine sent an invalid response.") },
-
-    /* NGX_HTTP_OMNI_ENGINE_CUT */
-    { NGX_HTTP_BAD_GATEWAY,
-      ngx_null_string,
-      ngx_string("The engine closed the stream before the end.") },
-
-    /* NGX_HTTP_OMNI_ENGINE_FAILED */
-    { NGX_HTTP_BAD_GATEWAY,
-      ngx_null_string,
-      ngx_string("The engine failed during the stream.") }
-};
-
-
-static ngx_str_t  ngx_http_omni_retry_key = ngx_string("Retry-After");
-static ngx_str_t  ngx_http_omni_retry_value = ngx_string("1");
 
 static u_char  ngx_http_omni_keepalive_comment[] = ": keep-alive\n\n";
 
@@ -283,34 +226,6 @@ ngx_http_omni_send_error(ngx_http_request_t *r, ngx_http_omni_error_t *err)
 
     return ngx_http_omni_send_response(r, err->status,
                                        &ngx_http_omni_json_type, b);
-}
-
-
-void
-ngx_http_omni_engine_fault(ngx_http_omni_fault_e fault,
-    ngx_http_omni_error_t *err)
-{
-    ngx_http_omni_fault_t  *f;
-
-    f = &ngx_http_omni_faults[fault];
-
-    err->status = f->status;
-    ngx_str_set(&err->type, "server_error");
-    ngx_str_null(&err->param);
-    err->code = f->code;
-    err->message = f->message;
-}
-
-
-ngx_int_t
-ngx_http_omni_retry_after(ngx_http_request_t *r, ngx_uint_t status)
-{
-    if (status != NGX_HTTP_SERVICE_UNAVAILABLE) {
-        return NGX_OK;
-    }
-
-    return ngx_http_omni_add_header(r, &ngx_http_omni_retry_key,
-                                    &ngx_http_omni_retry_value);
 }
 
 
@@ -504,7 +419,7 @@ ngx_http_omni_header_filter(ngx_http_request_t *r)
         ngx_http_set_ctx(r, ctx, ngx_http_omni_module);
     }
 
-    if (ngx_http_omni_error_page(r, ctx, status) != NGX_OK) {
+    if (ngx_http_omni_replace_page(r, ctx, status) != NGX_OK) {
         return NGX_ERROR;
     }
 
@@ -513,13 +428,12 @@ ngx_http_omni_header_filter(ngx_http_request_t *r)
 
 
 /*
- * The page in ctx->page, and the headers for it: an OpenAI error for the
- * API, the health JSON for omni_health, the module's own metrics for
- * omni_metrics when the engine cannot answer.
+ * The page in ctx->page, and the headers for it: an OpenAI error, or the
+ * endpoint's own page (omni_health, omni_metrics).
  */
 
 static ngx_int_t
-ngx_http_omni_error_page(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
+ngx_http_omni_replace_page(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_uint_t status)
 {
     ngx_buf_t              *b;
@@ -532,39 +446,16 @@ ngx_http_omni_error_page(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     } else {
         err = &page;
         ngx_memzero(err, sizeof(ngx_http_omni_error_t));
-        ngx_http_omni_page_error(status, err);
+        ngx_http_omni_status_error(status, err);
     }
 
-    ngx_str_set(&type, "application/json");
+    type = ngx_http_omni_json_type;
 
-    switch (ctx->endpoint) {
+    if (ctx->endpoint && ctx->endpoint->page) {
+        b = ctx->endpoint->page(r, err, status, &type);
 
-    case NGX_HTTP_OMNI_HEALTH:
-        if (err->status >= NGX_HTTP_INTERNAL_SERVER_ERROR) {
-            err->status = NGX_HTTP_SERVICE_UNAVAILABLE;
-        }
-
-        b = ngx_http_omni_health_json(r, 0, err->message.data,
-                                      err->message.len);
-        break;
-
-    case NGX_HTTP_OMNI_METRICS:
-        if (status == NGX_HTTP_BAD_GATEWAY
-            || status == NGX_HTTP_GATEWAY_TIME_OUT)
-        {
-            /* the module's counters are worth a scrape on their own */
-
-            err->status = NGX_HTTP_OK;
-            ngx_str_set(&type, "text/plain; version=0.0.4; charset=utf-8");
-            b = ngx_http_omni_metrics_text(r, 0);
-            break;
-        }
-
-        /* fall through */
-
-    default:
+    } else {
         b = ngx_http_omni_error_json(r, err);
-        break;
     }
 
     if (b == NULL) {
@@ -593,77 +484,6 @@ ngx_http_omni_error_page(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     r->headers_out.content_length_n = b->last - b->pos;
 
     return ngx_http_omni_retry_after(r, err->status);
-}
-
-
-/* An error page nginx made, as an OpenAI error. */
-
-static void
-ngx_http_omni_page_error(ngx_uint_t status, ngx_http_omni_error_t *err)
-{
-    err->status = status;
-
-    if (status >= NGX_HTTP_INTERNAL_SERVER_ERROR) {
-        ngx_str_set(&err->type, "server_error");
-
-    } else {
-        ngx_str_set(&err->type, "invalid_request_error");
-    }
-
-    switch (status) {
-
-    case NGX_HTTP_BAD_REQUEST:
-        ngx_str_set(&err->message, "The request could not be read.");
-        break;
-
-    case NGX_HTTP_UNAUTHORIZED:
-    case NGX_HTTP_FORBIDDEN:
-        ngx_str_set(&err->message, "Access denied.");
-        break;
-
-    case NGX_HTTP_NOT_FOUND:
-        ngx_str_set(&err->message, "Not found.");
-        break;
-
-    case NGX_HTTP_NOT_ALLOWED:
-        ngx_str_set(&err->message, "Method not allowed.");
-        break;
-
-    case NGX_HTTP_REQUEST_TIME_OUT:
-        ngx_str_set(&err->message, "The request was not received in time.");
-        break;
-
-    case NGX_HTTP_REQUEST_ENTITY_TOO_LARGE:
-        ngx_str_set(&err->message,
-                    "The request body is too large "
-                    "(client_max_body_size).");
-        break;
-
-    case NGX_HTTP_TOO_MANY_REQUESTS:
-        ngx_str_set(&err->type, "requests");
-        ngx_str_set(&err->code, "rate_limit_exceeded");
-        ngx_str_set(&err->message, "Too many requests.");
-        break;
-
-    case NGX_HTTP_BAD_GATEWAY:
-    case NGX_HTTP_SERVICE_UNAVAILABLE:
-        ngx_http_omni_engine_fault(NGX_HTTP_OMNI_ENGINE_DOWN, err);
-        break;
-
-    case NGX_HTTP_GATEWAY_TIME_OUT:
-        ngx_http_omni_engine_fault(NGX_HTTP_OMNI_ENGINE_TIMEOUT, err);
-        break;
-
-    default:
-        if (status >= NGX_HTTP_INTERNAL_SERVER_ERROR) {
-            ngx_str_set(&err->message, "The server had an internal error.");
-
-        } else {
-            ngx_str_set(&err->message, "The request was refused.");
-        }
-
-        break;
-    }
 }
 
 

@@ -1,0 +1,73 @@
+
+/*
+ * Copyright (C) ngx_omni authors
+ */
+
+
+/*
+ * ngx_http_omni_request.h -- what ngx_http_omni_request.c (the way a
+ * body goes: pre-scan, tree, checks, the engine's JSON) and
+ * ngx_http_omni_params.c (the checks of single fields, the 400s' words)
+ * share. Private to the two: the rest of the module sees
+ * ngx_http_omni_parse() only.
+ *
+ * Every check returns NGX_OK; NGX_DECLINED with err filled, a 400 logged
+ * at info; or NGX_ERROR (no memory). Strings put in err are static or
+ * from r->pool.
+ */
+
+
+#ifndef _NGX_HTTP_OMNI_REQUEST_H_INCLUDED_
+#define _NGX_HTTP_OMNI_REQUEST_H_INCLUDED_
+
+
+#include "ngx_http_omni_module.h"
+
+
+#define NGX_HTTP_OMNI_PARAM_MAX     64
+
+
+/* What the checks found, for the engine request. */
+typedef struct {
+    yajl_val                    model;
+    yajl_val                    input;      /* messages, or prompt string */
+    yajl_val                    salt;       /* prompt_cache_key, or NULL */
+    int64_t                     max_tokens; /* 0: none */
+    int64_t                     seed;       /* the client's, or drawn */
+} ngx_http_omni_fields_t;
+
+
+ngx_int_t ngx_http_omni_check_max_tokens(ngx_http_request_t *r,
+    ngx_http_omni_kind_e kind, yajl_val root,
+    ngx_http_omni_fields_t *f, ngx_http_omni_error_t *err);
+ngx_int_t ngx_http_omni_check_choices(ngx_http_request_t *r,
+    ngx_http_omni_kind_e kind, yajl_val root,
+    ngx_http_omni_error_t *err);
+ngx_int_t ngx_http_omni_check_output(ngx_http_request_t *r,
+    yajl_val root, ngx_http_omni_error_t *err);
+ngx_int_t ngx_http_omni_check_tools(ngx_http_request_t *r,
+    yajl_val root, ngx_http_omni_error_t *err);
+ngx_int_t ngx_http_omni_check_legacy(ngx_http_request_t *r,
+    yajl_val root, ngx_http_omni_error_t *err);
+ngx_int_t ngx_http_omni_check_salt(ngx_http_request_t *r,
+    yajl_val root, ngx_http_omni_fields_t *f, ngx_http_omni_error_t *err);
+ngx_int_t ngx_http_omni_check_seed(ngx_http_request_t *r,
+    yajl_val root, ngx_http_omni_fields_t *f, ngx_http_omni_req_t *req,
+    ngx_http_omni_error_t *err);
+ngx_int_t ngx_http_omni_bool(ngx_http_request_t *r, yajl_val o,
+    char *key, char *param, ngx_uint_t *flag, ngx_http_omni_error_t *err);
+char *ngx_http_omni_type(yajl_val v);
+char *ngx_http_omni_param(ngx_http_request_t *r, char *fmt,
+    size_t i, size_t j);
+ngx_int_t ngx_http_omni_bad_json(ngx_http_request_t *r,
+    u_char *why, ngx_http_omni_error_t *err);
+ngx_int_t ngx_http_omni_invalid(ngx_http_request_t *r,
+    ngx_http_omni_error_t *err, char *param, char *code,
+    const char *fmt, ...);
+ngx_int_t ngx_http_omni_invalid_type(ngx_http_request_t *r,
+    ngx_http_omni_error_t *err, char *param, char *want, yajl_val v);
+ngx_int_t ngx_http_omni_unsupported(ngx_http_request_t *r,
+    ngx_http_omni_error_t *err, char *param, char *why);
+
+
+#endif /* _NGX_HTTP_OMNI_REQUEST_H_INCLUDED_ */
