@@ -770,31 +770,31 @@ static void usage(FILE *f) {
           "  client     --socket PATH --health|--models|--metrics\n", f);
 }
 
+/* The commands, in the order `help` lists them. */
+static const struct {
+    const char *name;
+    int       (*run)(int argc, char **argv);
+} COMMANDS[] = {
+    { "generate",   cmd_generate },
+    { "tokenize",   cmd_tokenize },
+    { "bench",      cmd_bench },
+    { "make-model", cmd_make_model },
+    { "serve",      cmd_serve },
+    { "stage",      cmd_stage },
+    { "client",     cmd_client },
+};
+
 int main(int argc, char **argv) {
+    size_t n = sizeof(COMMANDS) / sizeof(COMMANDS[0]);
+
     if (argc < 2) {
         usage(stderr);
         return 1;
     }
-    if (strcmp(argv[1], "generate") == 0) {
-        return cmd_generate(argc - 2, argv + 2);
-    }
-    if (strcmp(argv[1], "tokenize") == 0) {
-        return cmd_tokenize(argc - 2, argv + 2);
-    }
-    if (strcmp(argv[1], "bench") == 0) {
-        return cmd_bench(argc - 2, argv + 2);
-    }
-    if (strcmp(argv[1], "make-model") == 0) {
-        return cmd_make_model(argc - 2, argv + 2);
-    }
-    if (strcmp(argv[1], "serve") == 0) {
-        return cmd_serve(argc - 2, argv + 2);
-    }
-    if (strcmp(argv[1], "stage") == 0) {
-        return cmd_stage(argc - 2, argv + 2);
-    }
-    if (strcmp(argv[1], "client") == 0) {
-        return cmd_client(argc - 2, argv + 2);
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(argv[1], COMMANDS[i].name) == 0) {
+            return COMMANDS[i].run(argc - 2, argv + 2);
+        }
     }
     if (strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0) {
         usage(stdout);

@@ -3,7 +3,7 @@
  *
  *   omni-engine serve --model PATH --socket PATH [options]
  *
- * runs the frontend (frontend.c): it listens on the Unix socket, starts the
+ * runs the frontend (frontend/): it listens on the Unix socket, starts the
  * thinker stage (thinker.c, run by the skeleton of stage.h) by fork+exec
  * of its own binary as
  *
@@ -50,7 +50,7 @@ typedef struct {
                                     //   lives (one engine per lock file)
     bool        replace;            // when another engine holds lock_file:
                                     //   start beside it, take its place
-                                    //   once ready (frontend.c)
+                                    //   once ready (frontend/listen.c)
 } ServeConfig;
 
 /* The one rule for the name a model is served under (main.c's default,
