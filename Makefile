@@ -30,11 +30,15 @@ ISA_avx512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni \
 # for: this machine's unless given (see "Cross builds" below).
 HOST_ARCH   := $(shell uname -m)
 ARCH        := $(HOST_ARCH)
+# A set's files are kernels/cpu/SET.c and kernels/cpu/SET_*.c; each is
+# compiled with ISA_SET ($(call isa_of,FILE) names the set).
 ISA_x86_64  := $(wildcard kernels/cpu/avx*.c)
-ISA_aarch64 := $(wildcard kernels/cpu/neon.c)
+ISA_aarch64 := $(wildcard kernels/cpu/neon*.c)
 ISA_SRCS    := $(ISA_$(ARCH))
-ISA_DEFS    := $(foreach f,$(ISA_SRCS),-DOMNI_HAVE_$(shell echo $(basename \
-                   $(notdir $(f))) | tr a-z A-Z))
+isa_of       = $(firstword $(subst _, ,$(basename $(notdir $(1)))))
+ISA_SETS    := $(sort $(foreach f,$(ISA_SRCS),$(call isa_of,$(f))))
+ISA_DEFS    := $(foreach s,$(ISA_SETS),-DOMNI_HAVE_$(shell echo $(s) \
+                   | tr a-z A-Z))
 CFLAGS      += $(ISA_DEFS)
 
 # neon.c holds the dot-product (SDOT) kernels: Armv8.2's, optional before
@@ -120,13 +124,13 @@ all: $(BUILD)/omni-engine \
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) $(call incs,$<) $(ISA_$(basename $(notdir $<))) \
+	$(CC) $(CFLAGS) $(call incs,$<) $(ISA_$(call isa_of,$<)) \
 	    -MMD -MP -c $< -o $@
 
 $(BUILD)/asan/obj/%.o: %.c
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(call incs,$<) $(ASAN_FLAGS) \
-	    $(ISA_$(basename $(notdir $<))) -MMD -MP -c $< -o $@
+	    $(ISA_$(call isa_of,$<)) -MMD -MP -c $< -o $@
 
 # Objects depend on which kernel sets exist (OMNI_HAVE_*): a stamp that
 # changes only when that set changes rebuilds them.

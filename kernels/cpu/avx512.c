@@ -1,4 +1,6 @@
 /* avx512.c -- the CpuVec table for AVX-512 F/BW/VL/DQ/VNNI with FMA and F16C.
+ * This file holds the matmul and the table; avx512_ops.c the other kernels,
+ * avx512.h what the two share.
  *
  * Matmul is one register-tiled body, tile(), instantiated per weight type
  * (wtype, a compile-time constant: T_F32 .. T_Q4X) and tile shape. A tile
@@ -44,82 +46,14 @@
  * horizontal sum always uses one tree, pairing lanes (l, l+8), (l, l+4),
  * (l, l+2), (l, l+1); hsum() does it for one accumulator and hsum4() for
  * four at once with the same pairs, so every output of every tile shape
- * gets the same bits: the batch invariance contract of vec.h.
- *
- * Elementwise kernels use a masked last step rather than a scalar tail: the
- * vector exp is not the libm one, and an element must not change bits when
- * it moves between body and tail. */
+ * gets the same bits: the batch invariance contract of vec.h. */
 
-#include <immintrin.h>
-#include <math.h>
-#include <string.h>
-
-#include "vec.h"
-
-#define INLINE static inline __attribute__((always_inline))
+#include "avx512.h"
 
 enum { T_F32, T_F16, T_BF16, T_Q8, T_Q4, T_Q8X, T_Q4X };
 
 #define XQ_STEP 192             /* bytes per 64 elements of converted x */
 #define XG_STEP 640             /* bytes per 512 elements (a WL_X16 group) */
-
-
-/* ---- reductions and exp --------------------------------------------------- */
-
-/* Sum of the 16 lanes, tree (l, l+8), (l, l+4), (l, l+2), (l, l+1). */
-INLINE float hsum(__m512 v) {
-    __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v),
-                             _mm512_extractf32x8_ps(v, 1));
-    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a),
-                          _mm256_extractf128_ps(a, 1));
-    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-
-    return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
-}
-
-/* [hsum(a), hsum(b), hsum(c), hsum(d)] with exactly hsum's pairs. */
-INLINE __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
-    __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44),
-                              _mm512_shuffle_f32x4(a, b, 0xee));
-    __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44),
-                              _mm512_shuffle_f32x4(c, d, 0xee));
-    /* 128-bit lane q now holds the 4 partial sums of output q */
-    __m512 s = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88),
-                             _mm512_shuffle_f32x4(ab, cd, 0xdd));
-
-    s = _mm512_add_ps(s, _mm512_permute_ps(s, 0x4e));
-    s = _mm512_add_ps(s, _mm512_permute_ps(s, 0xb1));
-    return _mm512_castps512_ps128(_mm512_permutexvar_ps(
-        _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
-        s));
-}
-
-INLINE __mmask16 tail16(int64_t n) {
-    return (__mmask16) ((1u << n) - 1);
-}
-
-/* e^x to about 1 ulp: x = n ln2 + r, |r| <= ln2/2, a degree 6 polynomial
- * (Cephes expf) for e^r and vscalefps for 2^n, which also handles the
- * underflow to 0 and overflow to inf the clamp leaves. */
-INLINE __m512 exp16(__m512 x) {
-    __m512 n, r, p;
-
-    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.8f)),
-                      _mm512_set1_ps(-104.0f));
-    n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
-                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r),
-                        _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
-}
 
 
 /* ---- matmul: one step of each weight type ---------------------------------- */
@@ -800,301 +734,6 @@ static void xg_conv(const float *x, void *y, int64_t k) {
 }
 
 
-/* ---- conversions ---------------------------------------------------------- */
-
-static void to_f16(const float *x, uint16_t *y, int64_t n) {
-    int64_t i = 0;
-
-    for (; i + 16 <= n; i += 16) {
-        _mm256_storeu_si256((__m256i *) (y + i), _mm512_cvtps_ph(
-            _mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT
-                                    | _MM_FROUND_NO_EXC));
-    }
-    /* vcvtps2ph rounds like f32_to_f16, so the tail gives the same bits */
-    for (; i < n; i++) y[i] = f32_to_f16(x[i]);
-}
-
-static void dequantize(DType t, const void *row, float *y, int64_t n) {
-    const uint16_t *h = row;
-    int64_t         i = 0;
-
-    switch (t) {
-    case DT_F16:
-    case DT_BF16:
-        for (; i + 16 <= n; i += 16) {
-            __m256i v = _mm256_loadu_si256((const __m256i *) (h + i));
-
-            _mm512_storeu_ps(y + i, t == DT_F16 ? _mm512_cvtph_ps(v)
-                : _mm512_castsi512_ps(_mm512_slli_epi32(
-                      _mm512_cvtepu16_epi32(v), 16)));
-        }
-        for (; i < n; i++) {
-            y[i] = t == DT_F16 ? f16_to_f32(h[i]) : bf16_to_f32(h[i]);
-        }
-        return;
-    case DT_Q8_0:
-        for (int64_t b = 0; b < n / QK; b++) {
-            const BlockQ8_0 *q = (const BlockQ8_0 *) row + b;
-            __m512 d = _mm512_set1_ps(f16_to_f32(q->d));
-
-            for (int j = 0; j < QK; j += 16) {
-                __m128i v = _mm_loadu_si128((const __m128i *) (q->qs + j));
-
-                _mm512_storeu_ps(y + b * QK + j, _mm512_mul_ps(d,
-                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v))));
-            }
-        }
-        return;
-    default:
-        /* f32 is a copy; q4_0 rows are only ever embeddings of tiny
-           test models, so the scalar path is fast enough */
-        dequantize_row(t, row, y, n);
-        return;
-    }
-}
-
-
-/* ---- attention ------------------------------------------------------------- */
-
-static float dot_f16(const uint16_t *a, const float *b, int64_t n) {
-    __m512  acc = _mm512_setzero_ps();
-    int64_t i = 0;
-
-    for (; i + 16 <= n; i += 16) {
-        acc = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256(
-            (const __m256i *) (a + i))), _mm512_loadu_ps(b + i), acc);
-    }
-    if (i < n) {
-        __mmask16 m = tail16(n - i);
-
-        acc = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m,
-            a + i)), _mm512_maskz_loadu_ps(m, b + i), acc);
-    }
-    return hsum(acc);
-}
-
-static void axpy_f16(float *y, float a, const uint16_t *x, int64_t n) {
-    __m512  va = _mm512_set1_ps(a);
-    int64_t i = 0;
-
-    for (; i + 16 <= n; i += 16) {
-        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_cvtph_ps(
-            _mm256_loadu_si256((const __m256i *) (x + i))),
-            _mm512_loadu_ps(y + i)));
-    }
-    if (i < n) {
-        __mmask16 m = tail16(n - i);
-
-        _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(va, _mm512_cvtph_ps(
-            _mm256_maskz_loadu_epi16(m, x + i)), _mm512_maskz_loadu_ps(m,
-            y + i)));
-    }
-}
-
-/* Scores of 16 keys (nr of them valid) as one vector: one accumulator per
- * key, summed by four hsum4, so a key's score does not depend on which
- * group or position it is in. FULL (16 keys, hd % 16 == 0) is the same
- * body with every mask constant, which lets the compiler drop them. */
-INLINE __m512 scores16(const int FULL, const float *q, const uint16_t *k,
-                       int nr, int64_t hd)
-{
-    __m512 acc[16], sc;
-
-#pragma GCC unroll 16
-    for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
-    for (int64_t d = 0; d < hd; d += 16) {
-        __mmask16 m = FULL || hd - d >= 16 ? 0xffff : tail16(hd - d);
-        __m512    qv = _mm512_maskz_loadu_ps(m, q + d);
-
-#pragma GCC unroll 16
-        for (int r = 0; r < 16; r++) {
-            /* rows past nr load nothing (mask 0), so never fault */
-            __mmask16 mr = FULL || r < nr ? m : 0;
-
-            acc[r] = _mm512_fmadd_ps(qv, _mm512_cvtph_ps(
-                _mm256_maskz_loadu_epi16(mr, k + r * hd + d)), acc[r]);
-        }
-    }
-    sc = _mm512_insertf32x4(_mm512_castps128_ps512(
-             hsum4(acc[0], acc[1], acc[2], acc[3])),
-             hsum4(acc[4], acc[5], acc[6], acc[7]), 1);
-    sc = _mm512_insertf32x4(sc, hsum4(acc[8], acc[9], acc[10], acc[11]), 2);
-    return _mm512_insertf32x4(sc, hsum4(acc[12], acc[13], acc[14], acc[15]),
-                              3);
-}
-
-static float scores_f16(float *s, const float *q, const uint16_t *k,
-                        int64_t n, int64_t hd, float scale)
-{
-    __m512  vmax = _mm512_set1_ps(-INFINITY), vs = _mm512_set1_ps(scale);
-    int64_t r0 = 0;
-
-    if (hd % 16 == 0) {
-        for (; r0 + 16 <= n; r0 += 16) {
-            __m512 sc = _mm512_mul_ps(scores16(1, q, k + r0 * hd, 16, hd), vs);
-
-            _mm512_storeu_ps(s + r0, sc);
-            vmax = _mm512_max_ps(vmax, sc);
-        }
-    }
-    for (; r0 < n; r0 += 16) {
-        int    nr = n - r0 < 16 ? (int) (n - r0) : 16;
-        __m512 sc = _mm512_mul_ps(scores16(0, q, k + r0 * hd, nr, hd), vs);
-
-        _mm512_mask_storeu_ps(s + r0, tail16(nr), sc);
-        vmax = _mm512_mask_max_ps(vmax, tail16(nr), vmax, sc);
-    }
-    return _mm512_reduce_max_ps(vmax);
-}
-
-/* 64 columns at a time. Each row adds into one of two sets of four
- * accumulators, even rows into the first (which starts from y), odd rows
- * into the second, and the sets are added at the end: with one set every
- * row waited on the FMA latency. The order depends only on n, as vec.h
- * asks. */
-static void mix_f16(float *y, const float *p, const uint16_t *v, int64_t n,
-                    int64_t hd)
-{
-    for (int64_t d0 = 0; d0 < hd; d0 += 64) {
-        __mmask16 m[4];
-        __m512    a0[4], a1[4];
-        int64_t   r = 0;
-
-#pragma GCC unroll 4
-        for (int c = 0; c < 4; c++) {
-            int64_t left = hd - d0 - c * 16;
-
-            m[c] = left >= 16 ? 0xffff : left > 0 ? tail16(left) : 0;
-            a0[c] = _mm512_maskz_loadu_ps(m[c], y + d0 + c * 16);
-            a1[c] = _mm512_setzero_ps();
-        }
-        for (; r + 2 <= n; r += 2) {
-            __m512          p0 = _mm512_set1_ps(p[r]);
-            __m512          p1 = _mm512_set1_ps(p[r + 1]);
-            const uint16_t *v0 = v + r * hd + d0, *v1 = v0 + hd;
-
-#pragma GCC unroll 4
-            for (int c = 0; c < 4; c++) {
-                a0[c] = _mm512_fmadd_ps(p0, _mm512_cvtph_ps(
-                    _mm256_maskz_loadu_epi16(m[c], v0 + c * 16)), a0[c]);
-                a1[c] = _mm512_fmadd_ps(p1, _mm512_cvtph_ps(
-                    _mm256_maskz_loadu_epi16(m[c], v1 + c * 16)), a1[c]);
-            }
-        }
-        if (r < n) {
-            __m512 p0 = _mm512_set1_ps(p[r]);
-
-#pragma GCC unroll 4
-            for (int c = 0; c < 4; c++) {
-                a0[c] = _mm512_fmadd_ps(p0, _mm512_cvtph_ps(
-                    _mm256_maskz_loadu_epi16(m[c], v + r * hd + d0 + c * 16)),
-                    a0[c]);
-            }
-        }
-#pragma GCC unroll 4
-        for (int c = 0; c < 4; c++) {
-            _mm512_mask_storeu_ps(y + d0 + c * 16, m[c],
-                                  _mm512_add_ps(a0[c], a1[c]));
-        }
-    }
-}
-
-
-/* ---- elementwise ------------------------------------------------------------ */
-
-static float sum_sq(const float *x, int64_t n) {
-    __m512  acc = _mm512_setzero_ps();
-    int64_t i = 0;
-
-    for (; i + 16 <= n; i += 16) {
-        __m512 v = _mm512_loadu_ps(x + i);
-
-        acc = _mm512_fmadd_ps(v, v, acc);
-    }
-    if (i < n) {
-        __m512 v = _mm512_maskz_loadu_ps(tail16(n - i), x + i);
-
-        acc = _mm512_fmadd_ps(v, v, acc);
-    }
-    return hsum(acc);
-}
-
-/* (x * s) * w, ref.c's order, so the result is bit-exact with it. */
-static void scale_mul(float *y, const float *x, float s, const float *w,
-                      int64_t n)
-{
-    __m512  vs = _mm512_set1_ps(s);
-    int64_t i = 0;
-
-    for (; i + 16 <= n; i += 16) {
-        _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_mul_ps(
-            _mm512_loadu_ps(x + i), vs), _mm512_loadu_ps(w + i)));
-    }
-    for (; i < n; i++) y[i] = x[i] * s * w[i];
-}
-
-INLINE __m512 silu_mul16(__m512 g, __m512 u) {
-    __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
-
-    return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f),
-                                                        e)), u);
-}
-
-static void silu_mul(float *y, const float *g, const float *u, int64_t n) {
-    int64_t i = 0;
-
-    for (; i + 16 <= n; i += 16) {
-        _mm512_storeu_ps(y + i, silu_mul16(_mm512_loadu_ps(g + i),
-                                           _mm512_loadu_ps(u + i)));
-    }
-    if (i < n) {
-        __mmask16 m = tail16(n - i);
-
-        _mm512_mask_storeu_ps(y + i, m, silu_mul16(
-            _mm512_maskz_loadu_ps(m, g + i), _mm512_maskz_loadu_ps(m, u + i)));
-    }
-}
-
-static float exp_sum(float *y, const float *x, float max, int64_t n) {
-    __m512  vm = _mm512_set1_ps(max), acc = _mm512_setzero_ps();
-    int64_t i = 0;
-
-    for (; i + 16 <= n; i += 16) {
-        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), vm));
-
-        _mm512_storeu_ps(y + i, e);
-        acc = _mm512_add_ps(acc, e);
-    }
-    if (i < n) {
-        __mmask16 m = tail16(n - i);
-        __m512    e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vm));
-
-        _mm512_mask_storeu_ps(y + i, m, e);
-        acc = _mm512_mask_add_ps(acc, m, acc, e);
-    }
-    return hsum(acc);
-}
-
-static void add(float *y, const float *x, int64_t n) {
-    int64_t i = 0;
-
-    for (; i + 16 <= n; i += 16) {
-        _mm512_storeu_ps(y + i, _mm512_add_ps(_mm512_loadu_ps(y + i),
-                                              _mm512_loadu_ps(x + i)));
-    }
-    for (; i < n; i++) y[i] += x[i];
-}
-
-static void scale(float *y, float s, int64_t n) {
-    __m512  vs = _mm512_set1_ps(s);
-    int64_t i = 0;
-
-    for (; i + 16 <= n; i += 16) {
-        _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_loadu_ps(y + i), vs));
-    }
-    for (; i < n; i++) y[i] *= s;
-}
-
 const CpuVec cpu_vec_avx512 = {
     .name = "avx512",
     .mm = {
@@ -1107,16 +746,16 @@ const CpuVec cpu_vec_avx512 = {
         { DT_Q8_0, gemm_q4_0x, X_CALL_ROWS, X_COLS, xg_conv, xg_bytes },
     },
     .quantize_q8_0 = quantize_q8_0,
-    .to_f16 = to_f16,
-    .dequantize = dequantize,
-    .dot_f16 = dot_f16,
-    .axpy_f16 = axpy_f16,
-    .scores_f16 = scores_f16,
-    .mix_f16 = mix_f16,
-    .sum_sq = sum_sq,
-    .scale_mul = scale_mul,
-    .silu_mul = silu_mul,
-    .exp_sum = exp_sum,
-    .add = add,
-    .scale = scale,
+    .to_f16 = avx512_to_f16,
+    .dequantize = avx512_dequantize,
+    .dot_f16 = avx512_dot_f16,
+    .axpy_f16 = avx512_axpy_f16,
+    .scores_f16 = avx512_scores_f16,
+    .mix_f16 = avx512_mix_f16,
+    .sum_sq = avx512_sum_sq,
+    .scale_mul = avx512_scale_mul,
+    .silu_mul = avx512_silu_mul,
+    .exp_sum = avx512_exp_sum,
+    .add = avx512_add,
+    .scale = avx512_scale,
 };
