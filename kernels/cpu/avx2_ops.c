@@ -121,7 +121,7 @@ float avx2_scores_f16(float *s, const float *q, const uint16_t *k,
 
     if (hd % 8 != 0) {
         for (int64_t r = 0; r < n; r++) {
-            s[r] = dot_f16(k + r * hd, q, hd) * scale;
+            s[r] = avx2_dot_f16(k + r * hd, q, hd) * scale;
             max = s[r] > max ? s[r] : max;
         }
         return max;
@@ -197,7 +197,7 @@ void avx2_mix_f16(float *y, const float *p, const uint16_t *v, int64_t n,
     int64_t d0 = 0;
 
     if (hd % 8 != 0) {
-        for (int64_t r = 0; r < n; r++) axpy_f16(y, p[r], v + r * hd, hd);
+        for (int64_t r = 0; r < n; r++) avx2_axpy_f16(y, p[r], v + r * hd, hd);
         return;
     }
     for (; d0 + 32 <= hd; d0 += 32) mix_cols(4, y + d0, p, v + d0, n, hd);
