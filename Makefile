@@ -186,12 +186,15 @@ $(BUILD)/asan/t/%: t/unit/%.c $(BUILD)/asan/libomni.a
 	$(CC) $(CFLAGS) $(ALL_INCS) $(ASAN_FLAGS) -It/unit -MMD -MP -o $@ $< \
 	    $(BUILD)/asan/libomni.a -lcmocka $(LDLIBS)
 
-# The thread pool's lock-free protocol and the helper thread's queue also
-# run under ThreadSanitizer.
-TSAN_BINS := $(BUILD)/tsan/t/test_threadpool $(BUILD)/tsan/t/test_workq
+# The thread pool's lock-free protocol, the helper thread's queue and the
+# shared-memory pool's threads also run under ThreadSanitizer.
+TSAN_BINS := $(BUILD)/tsan/t/test_threadpool $(BUILD)/tsan/t/test_workq \
+             $(BUILD)/tsan/t/test_pool
 
-$(BUILD)/tsan/t/test_workq: t/unit/test_workq.c engine/base/workq.c \
-                            engine/base/log.c
+$(BUILD)/tsan/t/test_workq: engine/base/workq.c
+$(BUILD)/tsan/t/test_pool:  engine/base/pool.c
+$(BUILD)/tsan/t/test_workq $(BUILD)/tsan/t/test_pool: $(BUILD)/tsan/t/%: \
+        t/unit/%.c engine/base/log.c
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(ALL_INCS) -O1 -fsanitize=thread -o $@ $^ -lcmocka \
 	    -pthread
