@@ -212,9 +212,11 @@ $(BUILD)/bench/bench_kernels: bench/bench_kernels.c $(BUILD)/libomni.a
 	$(CC) $(CFLAGS) $(KERNEL_INCS) -MMD -MP -o $@ $< $(BUILD)/libomni.a \
 	    $(LDLIBS)
 
-$(BUILD)/bench/loadgen: bench/loadgen.c
+LOADGEN_SRCS := $(wildcard bench/loadgen*.c)
+
+$(BUILD)/bench/loadgen: $(LOADGEN_SRCS) bench/loadgen.h
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -Iengine/proto -MMD -MP -o $@ $< -lyajl -lm
+	$(CC) $(CFLAGS) -Iengine/proto -MMD -MP -o $@ $(LOADGEN_SRCS) -lyajl -lm
 
 # Debian packages: build, then tests. `make deps` installs only what is
 # missing, so it is quick on a machine that has them.

@@ -43,7 +43,8 @@
  * (LG_MAX_EVENT), so a broken server cannot make it allocate without
  * bound; samples are kept in arrays sized from N and T. A benchmark tool,
  * not a server: bad arguments exit at startup; a failed request is counted,
- * its first messages kept, and the run goes on. */
+ * its first messages kept, and the run goes on. The protocols' parsers are
+ * in loadgen_proto.c (loadgen.h says why the split is there). */
 
 #include <errno.h>
 #include <fcntl.h>
@@ -55,33 +56,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
-#include <yajl/yajl_tree.h>
+#include "loadgen.h"
 
-#include "omni_proto.h"
-
-#define LG_MAX_EVENT   (4u << 20)   // bytes of one SSE event, one HTTP
-                                    //   header block or one frame
 #define LG_READ_CHUNK  (64u << 10)
-#define LG_MAX_ERRMSG  4            // distinct error messages kept
 #define LG_WARMUP_PROMPT "Warm-up request: the lighthouse keeper counted " \
     "the ships that passed in the night and wrote their names in a book."
 
 // --- small helpers ---------------------------------------------------------
 
-typedef struct {
-    char   *p;          // (cap,) owned
-    size_t  len;
-    size_t  cap;
-} Buf;
-
-static void die(const char *fmt, ...) {
+_Noreturn void die(const char *fmt, ...) {
     va_list ap;
 
     va_start(ap, fmt);
@@ -92,7 +81,7 @@ static void die(const char *fmt, ...) {
     exit(1);
 }
 
-static double now_s(void) {
+double now_s(void) {
     struct timespec ts;
 
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -100,7 +89,7 @@ static double now_s(void) {
 }
 
 /* Makes room for n more bytes. Returns 0, or -1 past LG_MAX_EVENT. */
-static int buf_reserve(Buf *b, size_t n) {
+int buf_reserve(Buf *b, size_t n) {
     size_t cap;
     char  *p;
 
@@ -115,20 +104,20 @@ static int buf_reserve(Buf *b, size_t n) {
     return 0;
 }
 
-static int buf_append(Buf *b, const void *s, size_t n) {
+int buf_append(Buf *b, const void *s, size_t n) {
     if (buf_reserve(b, n) != 0) return -1;
     memcpy(b->p + b->len, s, n);
     b->len += n;
     return 0;
 }
 
-static void buf_consume(Buf *b, size_t n) {
+void buf_consume(Buf *b, size_t n) {
     memmove(b->p, b->p + n, b->len - n);
     b->len -= n;
 }
 
 /* Appends s as a JSON string literal. */
-static void buf_json_str(Buf *b, const char *s) {
+void buf_json_str(Buf *b, const char *s) {
     char esc[8];
 
     buf_append(b, "\"", 1);
@@ -148,7 +137,7 @@ static void buf_json_str(Buf *b, const char *s) {
     buf_append(b, "\"", 1);
 }
 
-static void buf_printf(Buf *b, const char *fmt, ...) {
+void buf_printf(Buf *b, const char *fmt, ...) {
     va_list ap;
     int     n;
 
@@ -160,489 +149,6 @@ static void buf_printf(Buf *b, const char *fmt, ...) {
     vsnprintf(b->p + b->len, (size_t) n + 1, fmt, ap);
     va_end(ap);
     b->len += (size_t) n;
-}
-
-// --- configuration and results ---------------------------------------------
-
-typedef struct {
-    const char *omni;           // socket path, or NULL
-    const char *http;           // "host:port", or NULL
-    const char *path;           // HTTP request path
-    const char *model;          // "model" in the body, or NULL
-    const char *api_key;        // Authorization: Bearer, or NULL
-    const char *prompts_file;
-    const char *json_out;       // NULL: stdout
-    int         concurrency;
-    int         requests;
-    int         max_tokens;
-    int         warmup;
-    double      timeout;        // seconds per request
-    double      duration;       // seconds; 0: run N requests
-    bool        ignore_eos;
-    bool        expect_done;    // SSE must end with [DONE]
-
-    char      **prompts;        // (n_prompts,) owned
-    int         n_prompts;
-    struct sockaddr_storage addr;   // resolved target
-    socklen_t   addr_len;
-    char        host[256];
-} Config;
-
-typedef struct {
-    bool    ok;
-    double  ttft;               // seconds; first text event - start
-    double  e2e;                // seconds; end - start
-    int64_t tokens;             // generated tokens
-    int64_t prompt_tokens;      // -1: not reported
-    int64_t cached_tokens;      // -1: not reported
-} Result;
-
-typedef struct {
-    Result *res;                // (requests,) owned
-    double *itl;                // (itl_cap,) owned, seconds
-    size_t  n_itl;
-    size_t  itl_cap;
-    int     n_errors;
-    char    errmsg[LG_MAX_ERRMSG][256];
-    int     errcount[LG_MAX_ERRMSG];
-    int     n_errmsg;
-    bool    recording;          // false during warm-up
-} Stats;
-
-// --- one connection --------------------------------------------------------
-
-typedef enum {
-    H_HEADERS,          // status line and headers
-    H_BODY,             // Content-Length or close-delimited body
-    H_CHUNK_SIZE,       // chunk-size line
-    H_CHUNK_DATA,
-    H_CHUNK_CRLF,       // the CRLF after a chunk's data
-    H_TRAILER,          // after the last chunk, up to the empty line
-    H_END,
-} HttpState;
-
-typedef struct {
-    int       fd;               // -1: the slot is free
-    int       req;              // request index; -1: warm-up
-    bool      connecting;
-    Buf       out;              // request bytes, owned
-    size_t    out_off;          // bytes of out written
-    Buf       in;               // bytes read and not yet consumed, owned
-
-    HttpState hstate;
-    int       status;           // HTTP status
-    bool      chunked;
-    int64_t   remaining;        // Content-Length or chunk bytes left;
-                                //   -1: until EOF
-    Buf       line;             // SSE line being assembled, owned
-    Buf       data;             // SSE event data being assembled, owned
-    bool      have_data;
-    bool      event_error;      // the event came in an "error" field
-    bool      saw_done;         // "data: [DONE]" seen
-    bool      expect_done;      // --expect-done
-
-    bool      finished;         // DONE frame, or a complete HTTP body
-    bool      failed;
-    char      err[256];         // why it failed
-    double    t_start;
-    double    t_first;          // 0: no text yet
-    double    t_last;
-    int64_t   n_text;           // text events
-    int64_t   tokens;           // reported completion tokens, -1: none
-    int64_t   prompt_tokens;
-    int64_t   cached_tokens;
-} Conn;
-
-static void conn_fail(Conn *c, const char *fmt, ...) {
-    va_list ap;
-
-    if (c->failed) return;
-    c->failed = true;
-    va_start(ap, fmt);
-    vsnprintf(c->err, sizeof(c->err), fmt, ap);
-    va_end(ap);
-}
-
-/* A text event arrived at time t: records the inter-token gap. */
-static void conn_text(Conn *c, Stats *st, double t) {
-    if (c->t_first == 0) {
-        c->t_first = t;
-    } else if (st->recording && c->req >= 0) {
-        if (st->n_itl == st->itl_cap) {
-            st->itl_cap = st->itl_cap ? st->itl_cap * 2 : 4096;
-            st->itl = realloc(st->itl, st->itl_cap * sizeof(double));
-            if (st->itl == NULL) die("out of memory");
-        }
-        st->itl[st->n_itl++] = t - c->t_last;
-    }
-    c->t_last = t;
-    c->n_text++;
-}
-
-// --- request bodies --------------------------------------------------------
-
-/* The JSON body of a request for prompt p. */
-static void body_build(Buf *b, const Config *cf, const char *p) {
-    bool chat = cf->http != NULL && strstr(cf->path, "chat/") != NULL;
-
-    buf_append(b, "{", 1);
-    if (cf->model != NULL) {
-        buf_append(b, "\"model\":", 8);
-        buf_json_str(b, cf->model);
-        buf_append(b, ",", 1);
-    }
-    if (chat) {
-        buf_printf(b, "\"messages\":[{\"role\":\"user\",\"content\":");
-        buf_json_str(b, p);
-        buf_printf(b, "}]");
-    } else {
-        buf_printf(b, "\"prompt\":");
-        buf_json_str(b, p);
-    }
-    buf_printf(b, ",\"max_tokens\":%d,\"temperature\":0", cf->max_tokens);
-    if (cf->ignore_eos) buf_printf(b, ",\"ignore_eos\":true");
-    if (cf->http != NULL) {
-        /* n_predict and cache_prompt are llama-server's names; OpenAI-style
-         * servers ignore unknown keys */
-        buf_printf(b, ",\"n_predict\":%d,\"cache_prompt\":true,"
-                   "\"stream\":true,\"stream_options\":"
-                   "{\"include_usage\":true}", cf->max_tokens);
-    }
-    buf_append(b, "}", 1);
-}
-
-static void request_build(Conn *c, const Config *cf, const char *p) {
-    Buf body = {0};
-
-    body_build(&body, cf, p);
-    c->out.len = 0;
-    if (cf->omni != NULL) {
-        if (buf_reserve(&c->out, OMNI_FRAME_HDR + body.len) != 0) {
-            die("prompt too long");
-        }
-        omni_hdr_encode((uint8_t *) c->out.p, OMNI_F_REQUEST,
-                        (uint32_t) body.len);
-        c->out.len = OMNI_FRAME_HDR;
-    } else {
-        buf_printf(&c->out, "POST %s HTTP/1.1\r\nHost: %s\r\n"
-                   "Content-Type: application/json\r\n"
-                   "Accept: text/event-stream\r\n"
-                   "Content-Length: %zu\r\nConnection: close\r\n",
-                   cf->path, cf->host, body.len);
-        if (cf->api_key != NULL) {
-            buf_printf(&c->out, "Authorization: Bearer %s\r\n", cf->api_key);
-        }
-        buf_printf(&c->out, "\r\n");
-    }
-    if (buf_append(&c->out, body.p, body.len) != 0) die("prompt too long");
-    free(body.p);
-}
-
-// --- the omni wire protocol ------------------------------------------------
-
-/* Handles the frames in c->in. Returns 0, or -1 when the request is over
- * (finished or failed). */
-static int omni_parse(Conn *c, Stats *st, double t) {
-    OmniFrameHdr h;
-    OmniDone     d;
-    OmniError    e;
-    const char  *bad;
-    uint8_t     *p;
-
-    while (c->in.len >= OMNI_FRAME_HDR) {
-        p = (uint8_t *) c->in.p;
-        omni_hdr_decode(&h, p);
-        bad = omni_frame_check(&h, OMNI_DIR_TO_CLIENT);
-        if (bad != NULL) {
-            conn_fail(c, "engine sent a bad frame (type %u): %s", h.type,
-                      bad);
-            return -1;
-        }
-        if (c->in.len < OMNI_FRAME_HDR + (size_t) h.len) return 0;
-        p += OMNI_FRAME_HDR;
-        switch (h.type) {
-        case OMNI_F_TEXT:
-            if (h.len > 0) conn_text(c, st, t);
-            break;
-        case OMNI_F_DONE:
-            if (omni_done_decode(&d, p) != 0) {
-                conn_fail(c, "engine sent a bad DONE frame");
-                return -1;
-            }
-            c->tokens = d.completion_tokens;
-            c->prompt_tokens = d.prompt_tokens;
-            c->cached_tokens = d.cached_tokens;
-            c->finished = true;
-            return -1;
-        case OMNI_F_ERROR:
-            if (omni_error_decode(&e, p, h.len) != 0) {
-                conn_fail(c, "engine sent a bad ERROR frame");
-            } else {
-                conn_fail(c, "engine error %u %.*s: %.*s", e.status,
-                          (int) e.type_len, e.type, (int) e.message_len,
-                          e.message);
-            }
-            return -1;
-        default:
-            conn_fail(c, "engine sent unexpected frame type %u", h.type);
-            return -1;
-        }
-        buf_consume(&c->in, OMNI_FRAME_HDR + h.len);
-    }
-    return 0;
-}
-
-// --- HTTP and Server-Sent Events -------------------------------------------
-
-/* The integer at path in v, or -1. */
-static int64_t json_int(yajl_val v, const char **path) {
-    yajl_val n = yajl_tree_get(v, path, yajl_t_number);
-
-    return n != NULL && YAJL_IS_INTEGER(n) ? YAJL_GET_INTEGER(n) : -1;
-}
-
-/* Handles one SSE event's data: text, usage, errors. */
-static void sse_event(Conn *c, Stats *st, double t) {
-    static const char *content[] = { "content", NULL };
-    static const char *usage_ct[] = { "usage", "completion_tokens", NULL };
-    static const char *usage_pt[] = { "usage", "prompt_tokens", NULL };
-    static const char *usage_cached[] = { "usage", "prompt_tokens_details",
-                                          "cached_tokens", NULL };
-    static const char *predicted[] = { "timings", "predicted_n", NULL };
-    static const char *tokens_pred[] = { "tokens_predicted", NULL };
-    static const char *error[] = { "error", NULL };
-    static const char *message[] = { "message", NULL };
-    static const char *choices[] = { "choices", NULL };
-    static const char *text[] = { "text", NULL };
-    static const char *delta[] = { "delta", "content", NULL };
-    char     ebuf[128];
-    yajl_val v, s, ch, m;
-    int64_t  n;
-
-    if (buf_append(&c->data, "", 1) != 0) {
-        conn_fail(c, "SSE event too large");
-        return;
-    }
-    if (strcmp(c->data.p, "[DONE]") == 0) {
-        c->saw_done = true;
-        return;
-    }
-    if (c->saw_done) {
-        conn_fail(c, "SSE event after [DONE]");
-        return;
-    }
-    v = yajl_tree_parse(c->data.p, ebuf, sizeof(ebuf));
-    if (v == NULL) {
-        conn_fail(c, "SSE event is not JSON: %.80s", c->data.p);
-        return;
-    }
-    m = yajl_tree_get(v, error, yajl_t_any);
-    if (c->event_error || (m != NULL && !YAJL_IS_NULL(m))) {
-        m = yajl_tree_get(v, error, yajl_t_object);
-        s = m != NULL ? yajl_tree_get(m, message, yajl_t_string) : NULL;
-        conn_fail(c, "server error event: %.200s",
-                  s != NULL ? YAJL_GET_STRING(s) : c->data.p);
-        yajl_tree_free(v);
-        return;
-    }
-
-    s = yajl_tree_get(v, content, yajl_t_string);
-    ch = yajl_tree_get(v, choices, yajl_t_array);
-    if (s == NULL && ch != NULL && YAJL_GET_ARRAY(ch)->len > 0) {
-        yajl_val c0 = YAJL_GET_ARRAY(ch)->values[0];
-        s = yajl_tree_get(c0, text, yajl_t_string);
-        if (s == NULL) s = yajl_tree_get(c0, delta, yajl_t_string);
-    }
-    if (s != NULL && YAJL_GET_STRING(s)[0] != '\0') conn_text(c, st, t);
-
-    if ((n = json_int(v, usage_ct)) >= 0
-        || (n = json_int(v, predicted)) >= 0
-        || (n = json_int(v, tokens_pred)) >= 0)
-    {
-        c->tokens = n;
-    }
-    if ((n = json_int(v, usage_pt)) >= 0) c->prompt_tokens = n;
-    if ((n = json_int(v, usage_cached)) >= 0) c->cached_tokens = n;
-    yajl_tree_free(v);
-}
-
-/* Feeds n body bytes to the SSE parser: "data:" lines join with "\n"
- * into one event, an empty line ends it; other fields and comments are
- * ignored, but an "error:" field (llama-server's) is an error. */
-static void sse_feed(Conn *c, Stats *st, const char *p, size_t n, double t) {
-    const char *nl;
-    size_t      k;
-    char       *l;
-
-    while (n > 0 && !c->failed) {
-        nl = memchr(p, '\n', n);
-        k = nl != NULL ? (size_t) (nl - p) : n;
-        if (buf_append(&c->line, p, k) != 0) {
-            conn_fail(c, "SSE line too long");
-            return;
-        }
-        if (nl == NULL) return;
-        p += k + 1;
-        n -= k + 1;
-
-        if (c->line.len > 0 && c->line.p[c->line.len - 1] == '\r') {
-            c->line.len--;
-        }
-        l = c->line.p;
-        k = c->line.len;
-        if (k == 0) {
-            if (c->have_data) sse_event(c, st, t);
-            c->data.len = 0;
-            c->have_data = false;
-            c->event_error = false;
-        } else if ((k >= 5 && memcmp(l, "data:", 5) == 0)
-                   || (k >= 6 && memcmp(l, "error:", 6) == 0))
-        {
-            size_t f = l[0] == 'd' ? 5 : 6;
-            if (l[0] == 'e') c->event_error = true;
-            if (f < k && l[f] == ' ') f++;
-            if (c->have_data && buf_append(&c->data, "\n", 1) != 0) {
-                conn_fail(c, "SSE event too large");
-            } else if (buf_append(&c->data, l + f, k - f) != 0) {
-                conn_fail(c, "SSE event too large");
-            }
-            c->have_data = true;
-        }
-        c->line.len = 0;
-    }
-}
-
-/* The value of header name in the block hdrs (NUL-terminated), or NULL.
- * Sets *len to its length. */
-static const char *http_header(const char *hdrs, const char *name,
-                               size_t *len)
-{
-    size_t      nl = strlen(name);
-    const char *p = hdrs, *e;
-
-    while ((p = strstr(p, "\r\n")) != NULL) {
-        p += 2;
-        if (strncasecmp(p, name, nl) == 0 && p[nl] == ':') {
-            p += nl + 1;
-            while (*p == ' ' || *p == '\t') p++;
-            e = strstr(p, "\r\n");
-            *len = e != NULL ? (size_t) (e - p) : strlen(p);
-            return p;
-        }
-    }
-    return NULL;
-}
-
-/* Parses the status line and headers at the start of c->in. Returns 1 when
- * parsed (and consumed), 0 when more bytes are needed, -1 on error. */
-static int http_headers(Conn *c) {
-    const char *v;
-    char       *end;
-    size_t      n;
-
-    if (buf_append(&c->in, "", 1) != 0) {
-        conn_fail(c, "HTTP header too large");
-        return -1;
-    }
-    c->in.len--;
-    end = strstr(c->in.p, "\r\n\r\n");
-    if (end == NULL) return 0;
-    end[2] = '\0';
-    if (sscanf(c->in.p, "HTTP/1.%*d %d", &c->status) != 1) {
-        conn_fail(c, "bad HTTP status line");
-        return -1;
-    }
-    c->remaining = -1;
-    v = http_header(c->in.p, "Transfer-Encoding", &n);
-    c->chunked = v != NULL && n >= 7 && strncasecmp(v, "chunked", 7) == 0;
-    v = http_header(c->in.p, "Content-Length", &n);
-    if (v != NULL && !c->chunked) c->remaining = strtoll(v, NULL, 10);
-    c->hstate = c->chunked ? H_CHUNK_SIZE : H_BODY;
-    buf_consume(&c->in, (size_t) (end + 4 - c->in.p));
-    return 1;
-}
-
-/* Handles the bytes in c->in (eof: none will follow). Returns 0, or -1 when
- * the request is over. */
-static int http_parse(Conn *c, Stats *st, double t, bool eof) {
-    size_t  k;
-    char   *nl;
-    int     rc;
-
-    for (;;) {
-        if (c->failed) return -1;
-        switch (c->hstate) {
-        case H_HEADERS:
-            rc = http_headers(c);
-            if (rc == 0) goto more;
-            if (rc < 0) return -1;
-            break;
-        case H_BODY:
-            k = c->in.len;
-            if (c->remaining >= 0 && (int64_t) k > c->remaining) {
-                k = (size_t) c->remaining;
-            }
-            if (c->status == 200) sse_feed(c, st, c->in.p, k, t);
-            else buf_append(&c->data, c->in.p, k);
-            buf_consume(&c->in, k);
-            if (c->remaining >= 0) c->remaining -= (int64_t) k;
-            if (c->remaining == 0) c->hstate = H_END;
-            else goto more;
-            break;
-        case H_CHUNK_SIZE:
-        case H_TRAILER:
-            nl = memchr(c->in.p, '\n', c->in.len);
-            if (nl == NULL) goto more;
-            k = (size_t) (nl - c->in.p) + 1;
-            if (c->hstate == H_TRAILER) {
-                if (k <= 2) c->hstate = H_END;
-            } else {
-                c->remaining = strtoll(c->in.p, NULL, 16);
-                c->hstate = c->remaining > 0 ? H_CHUNK_DATA : H_TRAILER;
-            }
-            buf_consume(&c->in, k);
-            break;
-        case H_CHUNK_DATA:
-            k = c->in.len < (size_t) c->remaining ? c->in.len
-                                                  : (size_t) c->remaining;
-            if (k == 0) goto more;
-            if (c->status == 200) sse_feed(c, st, c->in.p, k, t);
-            else buf_append(&c->data, c->in.p, k);
-            buf_consume(&c->in, k);
-            c->remaining -= (int64_t) k;
-            if (c->remaining == 0) c->hstate = H_CHUNK_CRLF;
-            break;
-        case H_CHUNK_CRLF:
-            nl = memchr(c->in.p, '\n', c->in.len);
-            if (nl == NULL) goto more;
-            buf_consume(&c->in, (size_t) (nl - c->in.p) + 1);
-            c->hstate = H_CHUNK_SIZE;
-            break;
-        case H_END:
-            goto end;
-        }
-    }
-
-more:
-    if (!eof) return 0;
-    if (c->hstate != H_BODY || c->remaining > 0) {
-        conn_fail(c, "server closed the connection mid-response");
-        return -1;
-    }
-
-end:
-    if (c->status == 200) {
-        /* a last event without its empty line still counts */
-        if (c->have_data) sse_event(c, st, t);
-        if (c->expect_done && !c->saw_done && !c->failed) {
-            conn_fail(c, "stream ended without [DONE]");
-        }
-        c->finished = !c->failed;
-    } else {
-        buf_append(&c->data, "", 1);
-        conn_fail(c, "HTTP %d: %.200s", c->status, c->data.p);
-    }
-    return -1;
 }
 
 // --- the event loop ---------------------------------------------------------
