@@ -786,6 +786,8 @@ static const struct {
 
 int main(int argc, char **argv) {
     size_t n = sizeof(COMMANDS) / sizeof(COMMANDS[0]);
+    char   names[256];
+    size_t len = 0;
 
     if (argc < 2) {
         usage(stderr);
@@ -795,11 +797,12 @@ int main(int argc, char **argv) {
         if (strcmp(argv[1], COMMANDS[i].name) == 0) {
             return COMMANDS[i].run(argc - 2, argv + 2);
         }
+        len += (size_t) snprintf(names + len, sizeof(names) - len, "%s, ",
+                                 COMMANDS[i].name);
     }
     if (strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0) {
         usage(stdout);
         return 0;
     }
-    die("unknown command '%s' (generate, tokenize, bench, make-model, "
-        "serve, stage, client, help)", argv[1]);
+    die("unknown command '%s' (%shelp)", argv[1], names);
 }
