@@ -70,20 +70,39 @@ LDLIBS      += -L$(CROSS_LIBS)/usr/lib/$(CROSS) \
                -Wl,-rpath,$(CROSS_LIBS)/usr/lib/$(CROSS)
 endif
 
+# Speech out (audio/, talker/, voicebox/) links Flite, soxr and the audio
+# encoders' libraries; the aarch64 cross build leaves it out (it tests the
+# kernels and the model under qemu, and Debian's arm64 builds of those
+# libraries are not in its sysroot), and the engine says so if asked for
+# speech (OMNI_HAVE_SPEECH).
+ifeq ($(CROSS),)
+SPEECH_AUDIO  := audio
+SPEECH_STAGES := talker voicebox
+CFLAGS        += -DOMNI_HAVE_SPEECH -isystem /usr/include/opus
+LDLIBS        += -lflite_cmu_us_rms -lflite_cmu_us_slt -lflite_cmu_us_awb \
+                 -lflite_cmu_us_kal16 -lflite_usenglish -lflite_cmulex \
+                 -lflite -lsoxr -lmp3lame -lopusenc -lopus -lFLAC \
+                 -lavcodec -lavutil
+endif
+
 # The engine's folders, in the order of its layers (README, "Layout"). Each
 # folder compiles with the include paths of the layers it may use and no
 # others, so a layering mistake is a compile error: the frontend cannot
 # include the model, a stage cannot include the frontend, nothing but the
 # CLI, the thinker and main.c reach the kernels. nginx's module sees only
 # engine/proto (config).
-ENGINE_DIRS := base request llm stage frontend thinker cli
+ENGINE_DIRS := base request $(SPEECH_AUDIO) llm stage frontend thinker \
+               $(SPEECH_STAGES) cli
 INC_proto    := proto
 INC_base     := proto base
 INC_request  := proto base request
+INC_audio    := proto base request audio
 INC_llm      := proto base request llm
 INC_stage    := proto base stage
 INC_frontend := proto base request stage frontend
 INC_thinker  := proto base request llm stage thinker
+INC_talker   := proto base request stage talker
+INC_voicebox := proto base request audio stage voicebox
 INC_cli      := proto base request llm stage cli
 INC_main     := proto $(ENGINE_DIRS)
 KERNEL_INCS  := -Ikernels -Ikernels/cpu
@@ -220,10 +239,15 @@ $(BUILD)/bench/loadgen: $(LOADGEN_SRCS) bench/loadgen.h
 
 # Debian packages: build, then tests. `make deps` installs only what is
 # missing, so it is quick on a machine that has them.
-BUILD_PKGS := gcc make libpcre2-dev libyajl-dev nginx nginx-dev
-TEST_PKGS  := libcmocka-dev clang libclang-rt-14-dev perl git ca-certificates curl \
+BUILD_PKGS := gcc make libpcre2-dev libyajl-dev nginx nginx-dev \
+              flite1-dev libsoxr-dev libmp3lame-dev libopusenc-dev \
+              libopus-dev libflac-dev libavcodec-dev
+# Independent decoders for the audio the engine writes (t/tools/).
+TEST_PKGS  := libsndfile1-dev libmpg123-dev libopusfile-dev libfaad-dev \
+              libcmocka-dev clang libclang-rt-14-dev perl git ca-certificates curl \
               nginx nginx-dev nodejs $(if $(shell command -v npm),,npm)
-BENCH_PKGS := cmake g++ git ca-certificates $(if $(shell command -v npm),,npm)
+BENCH_PKGS := cmake g++ git ca-certificates $(if $(shell command -v npm),,npm) \
+              pocketsphinx pocketsphinx-en-us libpocketsphinx-dev
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
@@ -318,6 +342,7 @@ FUZZ_SRCS_gguf  := engine/llm/gguf.c engine/llm/tokenizer.c \
                    engine/llm/detok.c engine/base/log.c \
                    kernels/dtype.c
 FUZZ_SRCS_proto := engine/base/frame.c engine/request/request.c \
+                   engine/request/speech.c \
                    engine/llm/sampler.c engine/llm/stop.c engine/base/log.c
 
 fuzz: $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz_%)

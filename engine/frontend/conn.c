@@ -229,6 +229,30 @@ static bool prompt_too_long(Frontend *fe, Conn *c, const Parsed *p) {
 
 /* The checks after the parse, then the stage that serves the request
  * (stages_route) gets it. Frees what p holds. */
+/* Speech out, and assistant turns that refer to spoken answers: neither
+ * has a stage to serve it yet (the talker and the voicebox are being
+ * built), so they are refused by name rather than sent to the thinker.
+ * No transcript is kept, so every audio id is unknown. */
+static bool speech_refused(Frontend *fe, Conn *c, const Parsed *p) {
+    char param[64], why[256];
+
+    if (p->req.speech.on) {
+        conn_error(fe, c, 501, "audio", "speech_unavailable", "speech output "
+                   "is not available yet: this engine has no talker and "
+                   "voicebox stages");
+        return true;
+    }
+    for (int i = 0; p->req.chat && i < p->req.n_msgs; i++) {
+        if (p->req.audio_ids[i] == NULL) continue;
+        snprintf(param, sizeof(param), "messages[%d].audio.id", i);
+        snprintf(why, sizeof(why), "Audio with id '%s' not found.",
+                 p->req.audio_ids[i]);
+        conn_error(fe, c, 400, param, NULL, why);
+        return true;
+    }
+    return false;
+}
+
 static void request_checked(Frontend *fe, Conn *c, Parsed *p) {
     const char *json = (const char *) c->rd.payload;
     size_t      len = c->rd.hdr.len;
@@ -250,6 +274,10 @@ static void request_checked(Frontend *fe, Conn *c, Parsed *p) {
         return;
     }
     if (prompt_too_long(fe, c, p)) {
+        request_free(&p->req);
+        return;
+    }
+    if (speech_refused(fe, c, p)) {
         request_free(&p->req);
         return;
     }

@@ -12,7 +12,8 @@
  * One connection carries one exchange; closing it cancels:
  *
  *   request:  client sends REQUEST (JSON, see request.h); the engine answers
- *             with TEXT* then exactly one DONE or ERROR, then closes.
+ *             with TEXT* and AUDIO* (interleaved) then exactly one DONE or
+ *             ERROR, then closes.
  *             A client that closes its end first cancels the request: the
  *             engine frees the sequence at once.
  *   control:  client sends HEALTH, MODELS or METRICS (empty payload); the
@@ -27,12 +28,23 @@
  *
  * Payloads of the engine's answers:
  *
- *   TEXT       raw UTF-8, whole characters (never split), 1..OMNI_MAX_TEXT
+ *   TEXT       raw UTF-8, whole characters (never split), 1..OMNI_MAX_TEXT.
+ *              With speech out, the text being spoken (the transcript).
+ *   AUDIO      1..OMNI_MAX_AUDIO bytes of the audio stream in the format
+ *              the request asked for ("audio.format", request.h), in order:
+ *              the concatenation of every AUDIO payload is the file (or,
+ *              for "pcm", the raw s16le 24 kHz mono samples). A payload is
+ *              a slice of that stream, not aligned to codec frames; for
+ *              "pcm" it holds whole samples (an even length).
  *   DONE       OMNI_DONE_LEN bytes: u32 prompt_tokens, u32 cached_tokens
  *              (prompt tokens whose KV came from the prefix cache), u32
  *              completion_tokens, u8 finish (OmniFinish), 3 bytes zero,
  *              u64 seed (the request's, or the one the engine drew for a
- *              request without one: sending it reproduces the text)
+ *              request without one: sending it reproduces the text), u32
+ *              audio_tokens (speech units the talker produced: phones;
+ *              0 without speech out), u32 audio_ms (milliseconds of audio
+ *              sent). For /v1/audio/speech's "input", prompt_tokens counts
+ *              the words the talker read and completion_tokens is 0.
  *   ERROR      u16 HTTP status, then four strings, each u16 length + bytes
  *              (not NUL-terminated): type ("invalid_request_error",
  *              "server_error"), param (may be empty: null), code (may be
@@ -58,21 +70,23 @@
 
 #include "json_scan.h"
 
-/* 2: DONE carries the seed (24 bytes, was 16). A module and an engine of
+/* 2: DONE carries the seed (24 bytes, was 16). 3: AUDIO events, and DONE
+ * carries audio_tokens and audio_ms (32 bytes). A module and an engine of
  * different versions refuse each other's frames by name instead of
  * misreading them (a binary upgrade keeps the old engine running). */
-#define OMNI_PROTO_VERSION  2
+#define OMNI_PROTO_VERSION  3
 #define OMNI_FRAME_HDR      8
 
 /* Limits on payload lengths, checked before anything is allocated. */
 #define OMNI_MAX_REQUEST    (16u << 20)     // request JSON (audio input
                                             //   will travel inside it)
 #define OMNI_MAX_TEXT       (64u << 10)     // one TEXT event
+#define OMNI_MAX_AUDIO      (64u << 10)     // one AUDIO event
 #define OMNI_MAX_ERROR      (8u << 10)      // one ERROR event
 #define OMNI_MAX_REPLY      (4u << 20)      // MODELS_R, METRICS_R, HEALTH_R
 #define OMNI_MAX_STAGE      (OMNI_MAX_REQUEST + 64) // frontend <-> stage
 
-#define OMNI_DONE_LEN       24
+#define OMNI_DONE_LEN       32
 
 typedef enum {
     /* client -> engine, the first and only frame the client sends */
@@ -83,7 +97,7 @@ typedef enum {
 
     /* engine -> client */
     OMNI_F_TEXT      = 16,
-    OMNI_F_AUDIO     = 17,      // reserved for the speech stages
+    OMNI_F_AUDIO     = 17,
     OMNI_F_DONE      = 18,
     OMNI_F_ERROR     = 19,
     OMNI_F_HEALTH_R  = 20,
@@ -170,6 +184,7 @@ static inline uint32_t omni_frame_limit(uint8_t type, OmniDirection dir) {
     }
     switch (type) {
     case OMNI_F_TEXT:      return OMNI_MAX_TEXT;
+    case OMNI_F_AUDIO:     return OMNI_MAX_AUDIO;
     case OMNI_F_DONE:      return OMNI_DONE_LEN;
     case OMNI_F_ERROR:     return OMNI_MAX_ERROR;
     case OMNI_F_HEALTH_R:
@@ -208,6 +223,9 @@ typedef struct {
     uint32_t completion_tokens;
     uint8_t  finish;            // OmniFinish
     uint64_t seed;              // the sampler's seed, 0..INT64_MAX
+    uint32_t audio_tokens;      // speech units (phones) spoken; 0: no
+                                //   speech out
+    uint32_t audio_ms;          // audio sent, milliseconds
 } OmniDone;
 
 static inline void omni_done_encode(uint8_t *p, const OmniDone *d) {
@@ -217,6 +235,8 @@ static inline void omni_done_encode(uint8_t *p, const OmniDone *d) {
     p[12] = d->finish;
     p[13] = p[14] = p[15] = 0;
     omni_wr64(p + 16, d->seed);
+    omni_wr32(p + 24, d->audio_tokens);
+    omni_wr32(p + 28, d->audio_ms);
 }
 
 /* A fresh seed for a request that sent none: 63 random bits, so it is a
@@ -244,6 +264,8 @@ static inline int omni_done_decode(OmniDone *d, const uint8_t *p) {
     d->completion_tokens = omni_rd32(p + 8);
     d->finish = p[12];
     d->seed = omni_rd64(p + 16);
+    d->audio_tokens = omni_rd32(p + 24);
+    d->audio_ms = omni_rd32(p + 28);
     return d->finish <= OMNI_FINISH_LENGTH ? 0 : -1;
 }
 

@@ -354,9 +354,43 @@ static int content_parts(Parser *p, int i, yajl_val a, const char **out) {
     return 0;
 }
 
+/* An audio id: 1..SPEECH_MAX_ID bytes of [A-Za-z0-9_-], so that it can go
+ * into logs and keys as it is. */
+static int get_audio_id(Parser *p, const char *param, yajl_val v,
+                        const char **out) {
+    size_t n;
+
+    if (get_string(p, param, v, out, &n) != 0) return -1;
+    if (n == 0 || n > SPEECH_MAX_ID
+        || strspn(*out, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                        "0123456789_-") != n)
+    {
+        return fail(p, param, "must be 1 to %d characters of A-Z, a-z, 0-9, "
+                    "'_' and '-'", SPEECH_MAX_ID);
+    }
+    return 0;
+}
+
+/* An assistant turn's {"audio": {"id": ...}}: an earlier spoken answer. */
+static int message_audio(Parser *p, int i, yajl_val a, const ChatMsg *msg,
+                         const char **audio_id) {
+    char param[64];
+
+    snprintf(param, sizeof(param), "messages[%d].audio", i);
+    if (strcmp(msg->role, "assistant") != 0) {
+        return fail(p, param, "only an assistant message may refer to "
+                    "audio");
+    }
+    if (!YAJL_IS_OBJECT(a)) return fail_type(p, param, "an object", a);
+    snprintf(param, sizeof(param), "messages[%d].audio.id", i);
+    if (member(a, "id") == NULL) return fail(p, param, "is required");
+    return get_audio_id(p, param, member(a, "id"), audio_id);
+}
+
 /* Message i: role and content. Content may be absent or null only for an
- * assistant turn (one that carried tool calls): it is then "". */
-static int parse_message(Parser *p, int i, yajl_val m, ChatMsg *msg) {
+ * assistant turn (one that carried tool calls or audio): it is then "". */
+static int parse_message(Parser *p, int i, yajl_val m, ChatMsg *msg,
+                         const char **audio_id) {
     char     param[64], c[REQ_CLIP + 4];
     yajl_val role, content;
 
@@ -372,6 +406,9 @@ static int parse_message(Parser *p, int i, yajl_val m, ChatMsg *msg) {
                     "'assistant', 'developer', 'tool', got '%s'",
                     clip(role->u.string, c));
     }
+    if (member(m, "audio") != NULL
+        && message_audio(p, i, member(m, "audio"), msg, audio_id) != 0)
+        return -1;
     content = member(m, "content");
     snprintf(param, sizeof(param), "messages[%d].content", i);
     if (content == NULL) {
@@ -402,11 +439,13 @@ static int parse_messages(Parser *p, yajl_val v, OmniRequest *r) {
                     REQ_MAX_MESSAGES, n);
     }
     r->msgs = arena_alloc(&p->arena, n * sizeof(ChatMsg), p->hint);
-    if (r->msgs == NULL) return fail_oom(p);
+    r->audio_ids = arena_alloc(&p->arena, n * sizeof(char *), p->hint);
+    if (r->msgs == NULL || r->audio_ids == NULL) return fail_oom(p);
     for (size_t i = 0; i < n; i++) {
-        if (parse_message(p, (int) i, v->u.array.values[i], &r->msgs[i])) {
+        r->audio_ids[i] = NULL;
+        if (parse_message(p, (int) i, v->u.array.values[i], &r->msgs[i],
+                          &r->audio_ids[i]) != 0)
             return -1;
-        }
     }
     r->n_msgs = (int) n;
     r->chat = true;
@@ -570,18 +609,105 @@ static int parse_sampling(Parser *p, yajl_val o, SamplerParams *sp,
     return 0;
 }
 
-/* The request's input: exactly one of messages and prompt. */
+/* Characters (not bytes) in well-formed UTF-8: the bytes that do not
+ * continue one. */
+static size_t utf8_chars(const char *s, size_t n) {
+    size_t k = 0;
+
+    for (size_t i = 0; i < n; i++) k += ((unsigned char) s[i] & 0xC0) != 0x80;
+    return k;
+}
+
+/* Text to speak as it is: 1..SPEECH_MAX_INPUT characters. */
+static int parse_speech_input(Parser *p, yajl_val v, OmniRequest *r) {
+    size_t chars;
+
+    if (get_string(p, "input", v, &r->input, &r->input_len) != 0) return -1;
+    chars = utf8_chars(r->input, r->input_len);
+    if (chars == 0 || chars > SPEECH_MAX_INPUT) {
+        return fail(p, "input", "must be 1 to %d characters, got %zu",
+                    SPEECH_MAX_INPUT, chars);
+    }
+    return 0;
+}
+
+/* The request's input: exactly one of messages, prompt and input. */
 static int parse_input(Parser *p, yajl_val o, OmniRequest *r) {
     yajl_val msgs = member(o, "messages"), prompt = member(o, "prompt");
+    yajl_val input = member(o, "input");
 
-    if (msgs != NULL && prompt != NULL) {
-        return fail(p, "prompt", "give either messages or prompt, not both");
+    if ((msgs != NULL) + (prompt != NULL) + (input != NULL) > 1) {
+        return fail(p, input != NULL ? "input" : "prompt", "give one of "
+                    "messages, prompt and input, not several");
     }
     if (msgs != NULL) return parse_messages(p, msgs, r);
+    if (input != NULL) return parse_speech_input(p, input, r);
     if (prompt == NULL) {
         return fail(p, "messages", "one of messages or prompt is required");
     }
     return get_string(p, "prompt", prompt, &r->prompt, &r->prompt_len);
+}
+
+/* A string member of "audio" naming one of a fixed set; its index in
+ * *out, or def when absent. */
+static int audio_enum(Parser *p, yajl_val a, const char *key,
+                      int (*lookup)(const char *), const char *allowed,
+                      int def, int *out) {
+    char     param[32], c[REQ_CLIP + 4];
+    yajl_val v = member(a, key);
+
+    snprintf(param, sizeof(param), "audio.%s", key);
+    *out = def;
+    if (v == NULL) return 0;
+    if (!YAJL_IS_STRING(v)) return fail_type(p, param, "a string", v);
+    *out = lookup(v->u.string);
+    if (*out < 0) {
+        return fail(p, param, "must be one of %s, got '%s'", allowed,
+                    clip(v->u.string, c));
+    }
+    return 0;
+}
+
+static int speech_mode(const char *s) {
+    return strcmp(s, "latency") == 0 ? SPEECH_LATENCY
+           : strcmp(s, "quality") == 0 ? SPEECH_QUALITY : -1;
+}
+
+/* "audio": speech out. */
+static int parse_audio(Parser *p, yajl_val a, SpeechParams *sp) {
+    char     c[REQ_CLIP + 4];
+    yajl_val v;
+    int      fmt, mode;
+
+    if (!YAJL_IS_OBJECT(a)) return fail_type(p, "audio", "an object", a);
+    if ((v = member(a, "voice")) == NULL) {
+        return fail(p, "audio.voice", "is required");
+    }
+    if (!YAJL_IS_STRING(v)) return fail_type(p, "audio.voice", "a string", v);
+    sp->voice = speech_voice(v->u.string);
+    if (sp->voice == NULL) {
+        return fail(p, "audio.voice", "unknown voice '%s'; the voices are "
+                    "alloy, ash, ballad, coral, echo, fable, nova, onyx, "
+                    "sage, shimmer, verse, marin, cedar, rms, slt, awb and "
+                    "kal16", clip(v->u.string, c));
+    }
+    if (audio_enum(p, a, "format", speech_format, "mp3, opus, aac, flac, "
+                   "wav and pcm", AUDIO_MP3, &fmt) != 0
+        || audio_enum(p, a, "mode", speech_mode, "latency and quality",
+                      SPEECH_LATENCY, &mode) != 0)
+        return -1;
+    sp->format = (AudioFormat) fmt;
+    sp->mode = (SpeechMode) mode;
+    sp->speed = 1.0f;
+    if ((v = member(a, "speed")) != NULL
+        && get_float(p, "audio.speed", v, SPEECH_MIN_SPEED, SPEECH_MAX_SPEED,
+                     false, &sp->speed) != 0)
+        return -1;
+    if ((v = member(a, "id")) != NULL
+        && get_audio_id(p, "audio.id", v, &sp->id) != 0)
+        return -1;
+    sp->on = true;
+    return 0;
 }
 
 static int parse_root(Parser *p, yajl_val o, OmniRequest *r) {
@@ -595,6 +721,13 @@ static int parse_root(Parser *p, yajl_val o, OmniRequest *r) {
         && get_string(p, "model", v, &r->model, NULL) != 0)
         return -1;
     if (parse_input(p, o, r) != 0) return -1;
+    if ((v = member(o, "audio")) != NULL
+        && parse_audio(p, v, &r->speech) != 0)
+        return -1;
+    if (r->input != NULL && !r->speech.on) {
+        return fail(p, "audio", "is required with input (the voice to "
+                    "speak it in)");
+    }
     r->max_tokens = -1;
     if ((v = member(o, "max_tokens")) != NULL
         && get_int(p, "max_tokens", v, 1, INT64_MAX, &r->max_tokens) != 0)

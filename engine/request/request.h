@@ -5,7 +5,11 @@
  *     "model":             "stories260K",          optional; must name the
  *                                                  served model when given
  *     "messages":          [{"role": "user", "content": "Hi"}, ...],
- *     "prompt":            "Once upon a time",     exactly one of the two
+ *     "prompt":            "Once upon a time",     exactly one of the three
+ *     "input":             "Hello there.",         text to speak as it is
+ *                                                  (/v1/audio/speech): 1 to
+ *                                                  4096 characters; needs
+ *                                                  "audio"
  *     "max_tokens":        16,                     >= 1; absent: until EOS
  *                                                  or the context is full
  *     "temperature":       1.0,   [0, 2]
@@ -18,12 +22,28 @@
  *     "logit_bias":        {"1234": -100},         [-100, 100], <= 300 keys
  *     "stop":              "\n" or ["a", "b"],     <= 4, 1..255 bytes each
  *     "ignore_eos":        false,                  keep going past EOS
- *     "cache_salt":        "tenant-7"              prefix-cache isolation
+ *     "cache_salt":        "tenant-7",             prefix-cache isolation
+ *     "audio": {                                   speech out (speech.h)
+ *       "voice":  "alloy",                         required; a name of the
+ *                                                  voice table
+ *       "format": "mp3",                           mp3 (default), opus, aac,
+ *                                                  flac, wav, pcm
+ *       "speed":  1.0,                             [0.25, 4]
+ *       "mode":   "latency",                       latency (default) or
+ *                                                  quality
+ *       "id":     "audio_abc"                      chat: keep the answer's
+ *                                                  transcript under this id
+ *                                                  (1..64 bytes of
+ *                                                  [A-Za-z0-9_-])
+ *     }
  *   }
  *
  * "content" is a string or an array of {"type": "text", "text": "..."}
  * parts, joined. Roles: "system", "user", "assistant", "developer" (taken
- * as "system"), "tool". Unknown keys are ignored, as OpenAI does.
+ * as "system"), "tool". An assistant message may be {"role": "assistant",
+ * "audio": {"id": "audio_abc"}} instead of content: an earlier spoken
+ * answer, whose transcript the frontend puts back (audio_ids).
+ * Unknown keys are ignored, as OpenAI does.
  * A messages request is rendered with the model's chat template and gets
  * the generation prompt; a prompt request is tokenized as it is.
  *
@@ -54,6 +74,7 @@
 
 #include "log.h"
 #include "params.h"
+#include "speech.h"
 
 #define REQ_MAX_MESSAGES 4096
 #define REQ_MAX_SALT     256
@@ -63,8 +84,16 @@ typedef struct {
     bool           chat;            // messages (true) or prompt (false)
     ChatMsg       *msgs;            // (n_msgs,) when chat
     int            n_msgs;
-    const char    *prompt;          // when !chat; NUL-terminated
-    size_t         prompt_len;
+    const char   **audio_ids;       // (n_msgs,) when chat: the audio id an
+                                    //   assistant turn refers to instead of
+                                    //   content (whose content is "" until
+                                    //   the frontend puts the transcript
+                                    //   back), else NULL
+    const char    *prompt;          // when !chat and no input;
+    size_t         prompt_len;      //   NUL-terminated
+    const char    *input;           // text to speak (/v1/audio/speech),
+    size_t         input_len;       //   or NULL; then speech.on
+    SpeechParams   speech;          // speech out; .on false: text only
     int64_t        max_tokens;      // -1: no limit but the context
     SamplerParams  sampling;        // .seed drawn when the JSON has none
     bool           seed_drawn;      // so it was

@@ -623,7 +623,7 @@ static void plan_step(Scheduler *s) {
  * pool. run[] is compacted by the caller. */
 static void seq_finish(Scheduler *s, Seq *q, OmniFinish finish) {
     SeqOut   o = { s, q->id };
-    OmniDone d;
+    OmniDone d = { 0 };
 
     decode_finish(&q->dec, emit_text, &o);
     d.prompt_tokens = (uint32_t) q->n_prompt;

@@ -205,6 +205,11 @@ static void prep_run(const Thinker *t, Prep *p) {
                   p->req.model);
         return;
     }
+    if (p->req.input != NULL) {     // the frontend routes these elsewhere
+        prep_fail(p, 400, "input", NULL, "input is text to speak; the "
+                  "thinker takes messages or a prompt");
+        return;
+    }
     prep_tokens(t, p);
 }
 

@@ -155,11 +155,14 @@ sub add_frames {
         push @{ $r->{frames} }, $f;
         if ($type == $F{TEXT}) {
             $r->{text} .= $p;
+        } elsif ($type == $F{AUDIO}) {
+            $r->{audio} .= $p;
         } elsif ($type == $F{DONE}) {
-            my @u = unpack('V V V C x3 Q<', $p);
+            my @u = unpack('V V V C x3 Q< V V', $p);
             $r->{done} = { prompt_tokens => $u[0], cached_tokens => $u[1],
                            completion_tokens => $u[2],
-                           finish => $FINISH[$u[3]] // $u[3], seed => $u[4] };
+                           finish => $FINISH[$u[3]] // $u[3], seed => $u[4],
+                           audio_tokens => $u[5], audio_ms => $u[6] };
         } elsif ($type == $F{ERROR}) {
             $r->{error} = decode_error($p);
         }
@@ -167,7 +170,7 @@ sub add_frames {
 }
 
 sub new_reply {
-    return { frames => [], text => '', buf => '' };
+    return { frames => [], text => '', audio => '', buf => '' };
 }
 
 # Sends raw bytes on a new connection and reads until the engine closes.

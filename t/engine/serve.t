@@ -89,7 +89,8 @@ my $srv = serve_start(args => ['--read-timeout', 2]);
     is_deeply($r->{done}, { prompt_tokens => scalar(split ' ', $ids),
                             cached_tokens => $r->{done}{cached_tokens},
                             completion_tokens => 8, finish => 'length',
-                            seed => $r->{done}{seed} },
+                            seed => $r->{done}{seed}, audio_tokens => 0,
+                            audio_ms => 0 },
               'usage: prompt and completion tokens, finish length');
 
     $r = request($srv, { prompt => $PROMPT, max_tokens => 64,

@@ -58,8 +58,8 @@ sub error_frame {
 
 sub done_frame {
     my ($completion, $finish) = @_;
-    return frame(18, pack('V V V C x3 Q<', 3, 0, $completion, $finish // 0,
-                          0));
+    return frame(18, pack('V V V C x3 Q< V V', 3, 0, $completion,
+                          $finish // 0, 0, 0, 0));
 }
 
 sub read_n {

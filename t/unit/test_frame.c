@@ -108,13 +108,14 @@ static void test_round_trip_engine(void **state) {
 
 static void test_round_trip_client(void **state) {
     uint8_t   done[OMNI_DONE_LEN], err[64], health[16];
-    OmniDone  d = { 12, 8, 30, OMNI_FINISH_LENGTH, 77 };
+    OmniDone  d = { 12, 8, 30, OMNI_FINISH_LENGTH, 77, 0, 0 };
     OmniError e = { 400, "invalid_request_error", 21, "", 0, "", 0,
                     "bad", 3 };
     size_t    elen = omni_error_encode(err, &e);
     Frame     f[] = {
         { OMNI_F_TEXT, (const uint8_t *) "Once upon", 9 },
         { OMNI_F_TEXT, (const uint8_t *) "\xc3\xa9t\xc3\xa9", 5 },
+        { OMNI_F_AUDIO, (const uint8_t *) "RIFF\xff", 5 },
         { OMNI_F_DONE, done, OMNI_DONE_LEN },
         { OMNI_F_ERROR, err, elen },
         { OMNI_F_HEALTH_R, health, 5 },
@@ -181,7 +182,9 @@ static const BadCase bad_cases[] = {
     { OMNI_DIR_TO_ENGINE, 0, 4, V, 0, "unexpected frame type" },
     { OMNI_DIR_TO_ENGINE, OMNI_F_TEXT, 4, V, 0, "unexpected frame type" },
     { OMNI_DIR_TO_CLIENT, OMNI_F_REQUEST, 4, V, 0, "unexpected frame type" },
-    { OMNI_DIR_TO_CLIENT, OMNI_F_AUDIO, 4, V, 0, "unexpected frame type" },
+    { OMNI_DIR_TO_CLIENT, OMNI_F_AUDIO, OMNI_MAX_AUDIO + 1, V, 0,
+      "frame too large" },
+    { OMNI_DIR_TO_ENGINE, OMNI_F_AUDIO, 4, V, 0, "unexpected frame type" },
     { OMNI_DIR_STAGE, OMNI_F_REQUEST, 4, V, 0, "unexpected frame type" },
     { OMNI_DIR_STAGE, OMNI_F_STAGE_MAX + 1, 4, V, 0,
       "unexpected frame type" },
@@ -551,7 +554,7 @@ static void test_put2(void **state) {
 static void test_done_codec(void **state) {
     uint8_t  p[OMNI_DONE_LEN];
     OmniDone d = { 100000, 4096, 7, OMNI_FINISH_STOP,
-                   0x7fedcba987654321ull }, e;
+                   0x7fedcba987654321ull, 321, 0x01020304 }, e;
 
     (void) state;
     omni_done_encode(p, &d);
@@ -564,6 +567,9 @@ static void test_done_codec(void **state) {
     assert_int_equal(p[13] | p[14] | p[15], 0);
     assert_int_equal(p[16], 0x21);      /* little-endian */
     assert_int_equal(p[23], 0x7f);
+    assert_int_equal(e.audio_tokens, 321);
+    assert_int_equal(e.audio_ms, 0x01020304);
+    assert_int_equal(p[28], 0x04);
     d.finish = OMNI_FINISH_LENGTH;
     omni_done_encode(p, &d);
     assert_int_equal(omni_done_decode(&e, p), 0);

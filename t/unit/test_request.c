@@ -264,7 +264,7 @@ static void test_input_errors(void **state) {
     rejects("{}", "messages", "one of messages or prompt is required");
     rejects("{\"model\": \"m\"}", "messages", "required");
     rejects("{\"prompt\": \"x\", \"messages\": [{\"role\": \"user\","
-            " \"content\": \"y\"}]}", "prompt", "not both");
+            " \"content\": \"y\"}]}", "prompt", "not several");
     rejects("{\"messages\": []}", "messages", "must not be empty");
     rejects("{\"messages\": \"hi\"}", "messages",
             "expected an array, got a string");
@@ -278,6 +278,86 @@ static void test_input_errors(void **state) {
                   REQ_MAX_MESSAGES, "{\"role\":\"user\",\"content\":\"b\"}]}");
     rejects(many, "messages", "at most 4096 messages, got 4097");
     free(many);
+}
+
+/* Speech out: "input" with "audio", chat with "audio", assistant turns
+ * that refer to earlier audio. */
+static void test_speech(void **state) {
+    OmniRequest r;
+    char       *big;
+
+    (void) state;
+    parse_ok("{\"input\": \"Hello there.\", \"audio\": {\"voice\": "
+             "\"alloy\"}}", &r);
+    assert_string_equal(r.input, "Hello there.");
+    assert_int_equal(r.input_len, 12);
+    assert_false(r.chat);
+    assert_true(r.speech.on);
+    assert_string_equal(r.speech.voice->name, "alloy");
+    assert_string_equal(r.speech.voice->flite, "rms");
+    assert_int_equal(r.speech.format, AUDIO_MP3);
+    assert_int_equal(r.speech.mode, SPEECH_LATENCY);
+    assert_true(r.speech.speed == 1.0f);
+    assert_null(r.speech.id);
+    request_free(&r);
+
+    parse_ok("{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"},"
+             " {\"role\": \"assistant\", \"audio\": {\"id\": \"audio_1\"}},"
+             " {\"role\": \"user\", \"content\": \"More\"}],"
+             " \"audio\": {\"voice\": \"slt\", \"format\": \"pcm\","
+             " \"speed\": 0.25, \"mode\": \"quality\", \"id\": \"audio_2\"}}",
+             &r);
+    assert_true(r.chat);
+    assert_null(r.audio_ids[0]);
+    assert_string_equal(r.audio_ids[1], "audio_1");
+    assert_string_equal(r.msgs[1].content, "");
+    assert_int_equal(r.speech.format, AUDIO_PCM);
+    assert_int_equal(r.speech.mode, SPEECH_QUALITY);
+    assert_true(r.speech.speed == 0.25f);
+    assert_string_equal(r.speech.id, "audio_2");
+    request_free(&r);
+
+    /* 4096 characters of two bytes each pass; one more does not */
+    big = repeat("{\"audio\": {\"voice\": \"ash\"}, \"input\": \"",
+                 "\xc3\xa9", 4096, "\"}");
+    parse_ok(big, &r);
+    assert_int_equal(r.input_len, 8192);
+    request_free(&r);
+    free(big);
+    big = repeat("{\"audio\": {\"voice\": \"ash\"}, \"input\": \"",
+                 "a", 4097, "\"}");
+    rejects(big, "input", "must be 1 to 4096 characters, got 4097");
+    free(big);
+
+    rejects("{\"input\": \"\", \"audio\": {\"voice\": \"ash\"}}", "input",
+            "got 0");
+    rejects("{\"input\": \"x\"}", "audio", "is required with input");
+    rejects("{\"input\": \"x\", \"prompt\": \"y\", \"audio\": {\"voice\":"
+            " \"ash\"}}", "input", "not several");
+    rejects_field("\"audio\": {}", "audio.voice", "is required");
+    rejects_field("\"audio\": []", "audio", "expected an object");
+    rejects_field("\"audio\": {\"voice\": \"bob\"}", "audio.voice",
+                  "unknown voice 'bob'");
+    rejects_field("\"audio\": {\"voice\": {\"id\": \"v1\"}}", "audio.voice",
+                  "expected a string");
+    rejects_field("\"audio\": {\"voice\": \"ash\", \"format\": \"ogg\"}",
+                  "audio.format", "must be one of mp3, opus, aac, flac, wav "
+                  "and pcm, got 'ogg'");
+    rejects_field("\"audio\": {\"voice\": \"ash\", \"mode\": \"fast\"}",
+                  "audio.mode", "latency and quality");
+    rejects_field("\"audio\": {\"voice\": \"ash\", \"speed\": 4.01}",
+                  "audio.speed", "between 0.25 and 4");
+    rejects_field("\"audio\": {\"voice\": \"ash\", \"speed\": 0.2}",
+                  "audio.speed", "between 0.25 and 4");
+    rejects_field("\"audio\": {\"voice\": \"ash\", \"id\": \"a b\"}",
+                  "audio.id", "A-Z, a-z, 0-9");
+    rejects("{\"messages\": [{\"role\": \"user\", \"audio\": {\"id\":"
+            " \"a\"}, \"content\": \"x\"}]}", "messages[0].audio",
+            "only an assistant message");
+    rejects("{\"messages\": [{\"role\": \"assistant\", \"audio\": {}}]}",
+            "messages[0].audio.id", "is required");
+    rejects("{\"messages\": [{\"role\": \"assistant\", \"audio\": 3}]}",
+            "messages[0].audio", "expected an object");
 }
 
 static void test_many_messages(void **state) {
@@ -832,6 +912,7 @@ int main(void) {
         cmocka_unit_test(test_nulls),
         cmocka_unit_test(test_duplicates_and_unknown),
         cmocka_unit_test(test_input_errors),
+        cmocka_unit_test(test_speech),
         cmocka_unit_test(test_many_messages),
         cmocka_unit_test(test_roles),
         cmocka_unit_test(test_content),
