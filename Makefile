@@ -70,13 +70,13 @@ LDLIBS      += -L$(CROSS_LIBS)/usr/lib/$(CROSS) \
                -Wl,-rpath,$(CROSS_LIBS)/usr/lib/$(CROSS)
 endif
 
-# Speech out (audio/, talker/, voicebox/) links Flite, soxr and the audio
+# Speech out (audio/, tts/, talker/, voicebox/) links Flite, soxr and the audio
 # encoders' libraries; the aarch64 cross build leaves it out (it tests the
 # kernels and the model under qemu, and Debian's arm64 builds of those
 # libraries are not in its sysroot), and the engine says so if asked for
 # speech (OMNI_HAVE_SPEECH).
 ifeq ($(CROSS),)
-SPEECH_AUDIO  := audio
+SPEECH_AUDIO  := audio tts
 SPEECH_STAGES := talker voicebox
 CFLAGS        += -DOMNI_HAVE_SPEECH -isystem /usr/include/opus
 LDLIBS        += -lflite_cmu_us_rms -lflite_cmu_us_slt -lflite_cmu_us_awb \
@@ -97,12 +97,13 @@ INC_proto    := proto
 INC_base     := proto base
 INC_request  := proto base request
 INC_audio    := proto base request audio
+INC_tts      := proto base request tts
 INC_llm      := proto base request llm
 INC_stage    := proto base stage
 INC_frontend := proto base request stage frontend
 INC_thinker  := proto base request llm stage thinker
-INC_talker   := proto base request stage talker
-INC_voicebox := proto base request audio stage voicebox
+INC_talker   := proto base request tts stage talker
+INC_voicebox := proto base request audio tts stage voicebox
 INC_cli      := proto base request llm stage cli
 INC_main     := proto $(ENGINE_DIRS)
 KERNEL_INCS  := -Ikernels -Ikernels/cpu

@@ -12,7 +12,19 @@
  *
  *   frontend -> stage
  *     SUBMIT   u64 request id, then the request JSON (request.h)
- *     CANCEL   u64 request id: the client went away; free it, say nothing
+ *     INPUT    u64 request id, then an inner frame (header included): the
+ *              output of the stage before this one on the request's route,
+ *              passed on as that stage sent it in its EVENT: TEXT (text to
+ *              speak, for the talker), BLOCK (a pool descriptor: units for
+ *              the voicebox), DONE (the input is over; its counts are the
+ *              previous stage's)
+ *     CANCEL   u64 request id: the client went away or another stage of
+ *              the route failed; drop it, send nothing more for it but
+ *              CANCELLED
+ *     PAUSE    u64 request id: its client is behind; produce no more for
+ *              it until RESUME (flow control, so a slow reader holds no
+ *              more than a window of the pool)
+ *     RESUME   u64 request id
  *   stage -> frontend
  *     READY    JSON {"id": model name, "max_model_len": n, "kernels": set,
  *              "max_piece_bytes": n, "ws_free": bool}: loaded, warmed
@@ -23,7 +35,22 @@
  *     EVENT    u64 request id, then a client frame (header included: TEXT,
  *              DONE or ERROR) to pass on as it is. DONE and ERROR end the
  *              request; events for an id the frontend no longer knows are
- *              dropped (a CANCEL crossed them).
+ *              dropped (a CANCEL crossed them). Inner frames: TEXT, AUDIO,
+ *              DONE, ERROR, and BLOCK (below).
+ *     CANCELLED u64 request id: the answer to CANCEL, sent once the stage
+ *              holds nothing of the request (no pool reference, no worker
+ *              on it); only then may the frontend reclaim its blocks
+ *              (pool_reclaim_request). Sent for unknown ids too.
+ *
+ * BLOCK (an inner frame only, never sent to a client): PoolRef, 12 bytes
+ * (u32 block, u32 offset, u32 length), then u32 flags 0. The bytes live in
+ * the shared-memory pool (base/pool.h) that the frontend creates and every
+ * stage maps (fd STAGE_POOL_FD); exactly one pool reference travels with
+ * the descriptor: whoever receives it passes it on or drops it
+ * (pool_unref), including when it drops the event itself (unknown id).
+ * What the bytes are is the sender's: the talker's units (tts/units.h),
+ * the voicebox's audio in the request's format. A receiver checks the
+ * descriptor (pool_check) before it touches the block.
  *
  * Request ids are the frontend's; a stage never reuses one.
  *
@@ -53,15 +80,23 @@
 enum {
     OMNI_F_STAGE_SUBMIT  = OMNI_F_STAGE_MIN,
     OMNI_F_STAGE_CANCEL,
+    OMNI_F_STAGE_INPUT,
+    OMNI_F_STAGE_PAUSE,
+    OMNI_F_STAGE_RESUME,
     OMNI_F_STAGE_READY   = OMNI_F_STAGE_MIN + 16,
     OMNI_F_STAGE_STARTED,
     OMNI_F_STAGE_EVENT,
+    OMNI_F_STAGE_CANCELLED,
+    OMNI_F_STAGE_BLOCK   = OMNI_F_STAGE_MIN + 31,  // inner frames only
 };
+
+#define STAGE_BLOCK_LEN 16      // a BLOCK payload: PoolRef + u32 flags
 
 #define STAGE_BEAT_MS   100         // longest idle wait between beats
 
 #define STAGE_IPC_FD    3
 #define STAGE_STATS_FD  4
+#define STAGE_POOL_FD   5       // the shared-memory pool's memfd
 
 #define STATS_MAGIC     0x6f6d6e6973746174ull   // "omnistat"
 

@@ -37,6 +37,7 @@
 
 #include "frame.h"
 #include "log.h"
+#include "pool.h"
 #include "serve.h"
 #include "stage_channel.h"
 
@@ -56,8 +57,18 @@ typedef struct {
      * call returns. Every request ends with one DONE or ERROR event,
      * except a cancelled one. */
     void (*submit)(Stage *s, uint64_t id, const char *json, size_t len);
-    /* A CANCEL: drop request id without a word; unknown ids are ignored. */
+    /* A CANCEL: drop request id; send nothing more for it, and call
+     * stage_cancelled(s, id) once nothing of it is held (at once, or
+     * later when a worker thread lets go). Unknown ids: ack at once. */
     void (*cancel)(Stage *s, uint64_t id);
+    /* (optional) An INPUT: the inner frame (type, n bytes at p, borrowed
+     * for the call) for request id. A BLOCK has been checked (pool_check)
+     * and its reference is the stage's now: it passes it on or drops it.
+     * NULL: the stage takes no input, and an INPUT is a protocol error. */
+    void (*input)(Stage *s, uint64_t id, uint8_t type, const uint8_t *p,
+                  size_t n);
+    /* (optional) PAUSE (paused true) and RESUME for request id. */
+    void (*pause)(Stage *s, uint64_t id, bool paused);
     /* True when there is nothing to step. */
     bool (*idle)(Stage *s);
     /* One step of work; its events queued with the stage_* calls below. */
@@ -78,6 +89,11 @@ struct Stage {
     int             wake_fd;        // polled for POLLIN when >= 0; the
                                     //   stage's (it closes it); -1: none
     OmniStats      *stats;          // mapped page, or NULL without one
+    Pool            pool;           // attached from STAGE_POOL_FD;
+    bool            has_pool;       //   false without one
+    uint16_t        owner;          // this stage's tag on blocks it
+                                    //   allocates (the frontend's row
+                                    //   number, given on the command line)
     FrameReader     rd;
     FrameWriter     wr;
     bool            nomem;          // the writer could not grow: fatal
@@ -106,6 +122,11 @@ void stage_started(Stage *s, uint64_t id);
 void stage_event(Stage *s, uint64_t id, uint8_t type, const void *p,
                  size_t n);
 void stage_done(Stage *s, uint64_t id, const OmniDone *d);
+/* An EVENT carrying a BLOCK: r's one reference goes with it. Loop thread
+ * only (workers hand their blocks to the loop). */
+void stage_block(Stage *s, uint64_t id, PoolRef r);
+/* CANCELLED: nothing of request id is held any more. */
+void stage_cancelled(Stage *s, uint64_t id);
 /* An ERROR event; omni_error_set cuts the strings, at character
  * boundaries, to fit the frame. param and code may be NULL. */
 void stage_error(Stage *s, uint64_t id, int status, const char *type,
