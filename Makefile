@@ -238,6 +238,12 @@ $(BUILD)/bench/loadgen: $(LOADGEN_SRCS) bench/loadgen.h
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -Iengine/proto -MMD -MP -o $@ $(LOADGEN_SRCS) -lyajl -lm
 
+# pocketsphinx for the word error rate of the voices (bench/asr.c).
+$(BUILD)/bench/asr: bench/asr.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $$(pkg-config --cflags pocketsphinx) \
+	    -o $@ $< $$(pkg-config --libs pocketsphinx) -lsoxr -lm
+
 # Debian packages: build, then tests. `make deps` installs only what is
 # missing, so it is quick on a machine that has them.
 BUILD_PKGS := gcc make libpcre2-dev libyajl-dev nginx nginx-dev \
