@@ -4,6 +4,7 @@
  *           [--concurrency C] [--requests N] [--max-tokens T]
  *           [--ignore-eos] [--model NAME] [--api-key KEY] [--warmup K]
  *           [--timeout S] [--duration S] [--expect-done] [--json OUT]
+ *           [--audio VOICE [--audio-format F]] [--extra MEMBERS]
  *
  * It keeps C requests in flight until N have finished: each time one ends,
  * the next starts. With --duration S it starts no request after S seconds
@@ -28,6 +29,16 @@
  * predicted_n or tokens_predicted in an SSE event); text events are
  * counted only when a server reports nothing, since an event may carry
  * less or more than one token.
+ *
+ * Speech (--audio VOICE): over HTTP, a path with "chat/" asks for text
+ * and streamed pcm16 audio (modalities), any other path is taken for
+ * /v1/audio/speech (the prompt is the input, --audio-format the
+ * response_format, default pcm); over the omni protocol the request is
+ * {"input", "audio": {voice, format}}. Audio arrives as AUDIO frames, an
+ * audio/... body, delta.audio.data or speech.audio.delta events; the time to
+ * its first byte (TTFA) and its bytes are recorded ("ttfa_ms",
+ * "audio_bytes"). --extra adds raw JSON members to every body (a per-
+ * request speech mode, stream_format...).
  *
  * --expect-done: an SSE stream that ends without "data: [DONE]" and without
  * an error event is a failed request ("stream ended without [DONE]").
@@ -181,7 +192,9 @@ static void conn_start(Loop *lp, Conn *c, int req) {
     c->remaining = -1;
     c->finished = c->failed = false;
     c->err[0] = '\0';
-    c->t_first = c->t_last = 0;
+    c->t_first = c->t_last = c->t_audio = 0;
+    c->audio_bytes = 0;
+    c->raw_body = false;
     c->n_text = 0;
     c->tokens = c->prompt_tokens = c->cached_tokens = -1;
 
@@ -238,6 +251,8 @@ static void conn_end(Loop *lp, Conn *c, double t) {
     r->ok = !c->failed;
     r->e2e = t - c->t_start;
     r->ttft = c->t_first > 0 ? c->t_first - c->t_start : NAN;
+    r->ttfa = c->t_audio > 0 ? c->t_audio - c->t_start : NAN;
+    r->audio_bytes = c->audio_bytes;
     r->tokens = c->tokens >= 0 ? c->tokens : c->n_text;
     r->prompt_tokens = c->prompt_tokens;
     r->cached_tokens = c->cached_tokens;
@@ -396,11 +411,14 @@ static void report(const Config *cf, Stats *st, double wall) {
     double *ttft = malloc(cf->requests * sizeof(double) + 1);
     double *e2e = malloc(cf->requests * sizeof(double) + 1);
     double *tpot = malloc(cf->requests * sizeof(double) + 1);
-    size_t  n_ok = 0, n_ttft = 0, n_tpot = 0;
-    int64_t tokens = 0, prompt = 0, cached = 0;
+    double *ttfa = malloc(cf->requests * sizeof(double) + 1);
+    size_t  n_ok = 0, n_ttft = 0, n_tpot = 0, n_ttfa = 0;
+    int64_t tokens = 0, prompt = 0, cached = 0, audio = 0;
     FILE   *f;
 
-    if (ttft == NULL || e2e == NULL || tpot == NULL) die("out of memory");
+    if (ttft == NULL || e2e == NULL || tpot == NULL || ttfa == NULL) {
+        die("out of memory");
+    }
     for (int i = 0; i < cf->requests; i++) {
         Result *r = &st->res[i];
         if (!r->ok) continue;
@@ -409,6 +427,8 @@ static void report(const Config *cf, Stats *st, double wall) {
         if (r->cached_tokens > 0) cached += r->cached_tokens;
         e2e[n_ok] = r->e2e;
         if (!isnan(r->ttft)) ttft[n_ttft++] = r->ttft;
+        if (!isnan(r->ttfa)) ttfa[n_ttfa++] = r->ttfa;
+        audio += r->audio_bytes;
         if (!isnan(r->ttft) && r->tokens > 1) {
             tpot[n_tpot++] = (r->e2e - r->ttft) / (double) (r->tokens - 1);
         }
@@ -438,6 +458,10 @@ static void report(const Config *cf, Stats *st, double wall) {
     report_dist(&b, "itl_ms", st->itl, st->n_itl);
     report_dist(&b, "tpot_ms", tpot, n_tpot);
     report_dist(&b, "e2e_ms", e2e, n_ok);
+    if (cf->audio_voice != NULL) {
+        report_dist(&b, "ttfa_ms", ttfa, n_ttfa);
+        buf_printf(&b, "  \"audio_bytes\": %lld,\n", (long long) audio);
+    }
     buf_printf(&b, "  \"error_messages\": [");
     for (int i = 0; i < st->n_errmsg; i++) {
         buf_printf(&b, "%s{\"count\": %d, \"message\": ", i ? ", " : "",
@@ -458,6 +482,7 @@ static void report(const Config *cf, Stats *st, double wall) {
     free(ttft);
     free(e2e);
     free(tpot);
+    free(ttfa);
     free(b.p);
 }
 
@@ -470,7 +495,9 @@ static void usage(void) {
           "[--ignore-eos]\n"
           "               [--model NAME] [--api-key KEY] [--warmup K] "
           "[--timeout S] [--duration S]\n"
-          "               [--expect-done] [--json OUT]\n", stderr);
+          "               [--expect-done] [--json OUT]\n"
+          "               [--audio VOICE [--audio-format F]] "
+          "[--extra '\"k\":v,...']\n", stderr);
     exit(2);
 }
 
@@ -560,6 +587,9 @@ static void args_parse(Config *cf, int argc, char **argv) {
         else if (strcmp(a, "--max-tokens") == 0) cf->max_tokens = atoi(v);
         else if (strcmp(a, "--warmup") == 0) cf->warmup = atoi(v);
         else if (strcmp(a, "--timeout") == 0) cf->timeout = atof(v);
+        else if (strcmp(a, "--audio") == 0) cf->audio_voice = v;
+        else if (strcmp(a, "--audio-format") == 0) cf->audio_format = v;
+        else if (strcmp(a, "--extra") == 0) cf->extra = v;
         else if (strcmp(a, "--duration") == 0) {
             cf->duration = atof(v);
             if (!n_given) cf->requests = 1 << 20;

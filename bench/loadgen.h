@@ -44,6 +44,10 @@ typedef struct {
     double      duration;       // seconds; 0: run N requests
     bool        ignore_eos;
     bool        expect_done;    // SSE must end with [DONE]
+    const char *audio_voice;    // --audio VOICE: ask for speech, or NULL
+    const char *audio_format;   // --audio-format (default pcm)
+    const char *extra;          // --extra: raw JSON members added to the
+                                //   body ("k":v,...), or NULL
 
     char      **prompts;        // (n_prompts,) owned
     int         n_prompts;
@@ -59,6 +63,8 @@ typedef struct {
     int64_t tokens;             // generated tokens
     int64_t prompt_tokens;      // -1: not reported
     int64_t cached_tokens;      // -1: not reported
+    double  ttfa;               // seconds; first audio byte - start, NAN
+    int64_t audio_bytes;        // audio received (decoded from base64)
 } Result;
 
 typedef struct {
@@ -110,6 +116,9 @@ typedef struct {
     char      err[256];         // why it failed
     double    t_start;
     double    t_first;          // 0: no text yet
+    double    t_audio;          // 0: no audio yet
+    int64_t   audio_bytes;
+    bool      raw_body;         // 200 with an audio body (not SSE)
     double    t_last;
     int64_t   n_text;           // text events
     int64_t   tokens;           // reported completion tokens, -1: none

@@ -47,17 +47,57 @@ static void conn_text(Conn *c, Stats *st, double t) {
     c->n_text++;
 }
 
+/* n bytes of audio arrived at time t. */
+static void conn_audio(Conn *c, double t, int64_t n) {
+    if (n <= 0) return;
+    if (c->t_audio == 0) c->t_audio = t;
+    c->audio_bytes += n;
+}
+
 // --- request bodies --------------------------------------------------------
+
+/* Speech out: /v1/audio/speech over HTTP; "input" + "audio" over the
+ * omni protocol; a chat path gets modalities and streamed pcm16. */
+static void body_audio(Buf *b, const Config *cf, bool chat) {
+    const char *fmt = cf->audio_format ? cf->audio_format : "pcm";
+
+    if (chat) {
+        buf_printf(b, ",\"modalities\":[\"text\",\"audio\"],\"audio\":"
+                   "{\"voice\":");
+        buf_json_str(b, cf->audio_voice);
+        buf_printf(b, ",\"format\":\"pcm16\"}");
+    } else if (cf->http != NULL) {
+        buf_printf(b, ",\"voice\":");
+        buf_json_str(b, cf->audio_voice);
+        buf_printf(b, ",\"response_format\":");
+        buf_json_str(b, fmt);
+    } else {
+        buf_printf(b, ",\"audio\":{\"voice\":");
+        buf_json_str(b, cf->audio_voice);
+        buf_printf(b, ",\"format\":");
+        buf_json_str(b, fmt);
+        buf_printf(b, "}");
+    }
+}
 
 /* The JSON body of a request for prompt p. */
 static void body_build(Buf *b, const Config *cf, const char *p) {
     bool chat = cf->http != NULL && strstr(cf->path, "chat/") != NULL;
+    bool speech = cf->audio_voice != NULL && !chat;
 
     buf_append(b, "{", 1);
     if (cf->model != NULL) {
         buf_append(b, "\"model\":", 8);
         buf_json_str(b, cf->model);
         buf_append(b, ",", 1);
+    }
+    if (speech) {
+        buf_printf(b, "\"input\":");
+        buf_json_str(b, p);
+        body_audio(b, cf, false);
+        if (cf->extra != NULL) buf_printf(b, ",%s", cf->extra);
+        buf_append(b, "}", 1);
+        return;
     }
     if (chat) {
         buf_printf(b, "\"messages\":[{\"role\":\"user\",\"content\":");
@@ -76,6 +116,8 @@ static void body_build(Buf *b, const Config *cf, const char *p) {
                    "\"stream\":true,\"stream_options\":"
                    "{\"include_usage\":true}", cf->max_tokens);
     }
+    if (cf->audio_voice != NULL) body_audio(b, cf, chat);
+    if (cf->extra != NULL) buf_printf(b, ",%s", cf->extra);
     buf_append(b, "}", 1);
 }
 
@@ -132,12 +174,15 @@ int omni_parse(Conn *c, Stats *st, double t) {
         case OMNI_F_TEXT:
             if (h.len > 0) conn_text(c, st, t);
             break;
+        case OMNI_F_AUDIO:
+            conn_audio(c, t, h.len);
+            break;
         case OMNI_F_DONE:
             if (omni_done_decode(&d, p) != 0) {
                 conn_fail(c, "engine sent a bad DONE frame");
                 return -1;
             }
-            c->tokens = d.completion_tokens;
+            c->tokens = d.completion_tokens + d.audio_tokens;
             c->prompt_tokens = d.prompt_tokens;
             c->cached_tokens = d.cached_tokens;
             c->finished = true;
@@ -169,7 +214,15 @@ static int64_t json_int(yajl_val v, const char **path) {
     return n != NULL && YAJL_IS_INTEGER(n) ? YAJL_GET_INTEGER(n) : -1;
 }
 
-/* Handles one SSE event's data: text, usage, errors. */
+/* The bytes a base64 string decodes to. */
+static int64_t b64_bytes(const char *s) {
+    size_t n = s != NULL ? strlen(s) : 0;
+
+    while (n > 0 && s[n - 1] == '=') n--;
+    return (int64_t) (n * 3 / 4);
+}
+
+/* Handles one SSE event's data: text, audio, usage, errors. */
 static void sse_event(Conn *c, Stats *st, double t) {
     static const char *content[] = { "content", NULL };
     static const char *usage_ct[] = { "usage", "completion_tokens", NULL };
@@ -183,6 +236,12 @@ static void sse_event(Conn *c, Stats *st, double t) {
     static const char *choices[] = { "choices", NULL };
     static const char *text[] = { "text", NULL };
     static const char *delta[] = { "delta", "content", NULL };
+    static const char *type[] = { "type", NULL };
+    static const char *speech_audio[] = { "audio", NULL };
+    static const char *usage_out[] = { "usage", "output_tokens", NULL };
+    static const char *usage_in[] = { "usage", "input_tokens", NULL };
+    static const char *a_data[] = { "delta", "audio", "data", NULL };
+    static const char *a_text[] = { "delta", "audio", "transcript", NULL };
     char     ebuf[128];
     yajl_val v, s, ch, m;
     int64_t  n;
@@ -218,10 +277,23 @@ static void sse_event(Conn *c, Stats *st, double t) {
     ch = yajl_tree_get(v, choices, yajl_t_array);
     if (s == NULL && ch != NULL && YAJL_GET_ARRAY(ch)->len > 0) {
         yajl_val c0 = YAJL_GET_ARRAY(ch)->values[0];
+        yajl_val a = yajl_tree_get(c0, a_data, yajl_t_string);
+
+        if (a != NULL) conn_audio(c, t, b64_bytes(YAJL_GET_STRING(a)));
         s = yajl_tree_get(c0, text, yajl_t_string);
         if (s == NULL) s = yajl_tree_get(c0, delta, yajl_t_string);
+        if (s == NULL) s = yajl_tree_get(c0, a_text, yajl_t_string);
     }
     if (s != NULL && YAJL_GET_STRING(s)[0] != '\0') conn_text(c, st, t);
+    m = yajl_tree_get(v, type, yajl_t_string);
+    if (m != NULL && YAJL_IS_STRING(m)
+        && strcmp(m->u.string, "speech.audio.delta") == 0
+        && (s = yajl_tree_get(v, speech_audio, yajl_t_string)) != NULL)
+    {
+        conn_audio(c, t, b64_bytes(YAJL_GET_STRING(s)));
+    }
+    if ((n = json_int(v, usage_out)) >= 0) c->tokens = n;
+    if ((n = json_int(v, usage_in)) >= 0) c->prompt_tokens = n;
 
     if ((n = json_int(v, usage_ct)) >= 0
         || (n = json_int(v, predicted)) >= 0
@@ -323,6 +395,9 @@ static int http_headers(Conn *c) {
     c->remaining = -1;
     v = http_header(c->in.p, "Transfer-Encoding", &n);
     c->chunked = v != NULL && n >= 7 && strncasecmp(v, "chunked", 7) == 0;
+    v = http_header(c->in.p, "Content-Type", &n);
+    c->raw_body = c->status == 200 && v != NULL && n >= 6
+                  && strncasecmp(v, "audio/", 6) == 0;
     v = http_header(c->in.p, "Content-Length", &n);
     if (v != NULL && !c->chunked) c->remaining = strtoll(v, NULL, 10);
     c->hstate = c->chunked ? H_CHUNK_SIZE : H_BODY;
@@ -350,7 +425,8 @@ int http_parse(Conn *c, Stats *st, double t, bool eof) {
             if (c->remaining >= 0 && (int64_t) k > c->remaining) {
                 k = (size_t) c->remaining;
             }
-            if (c->status == 200) sse_feed(c, st, c->in.p, k, t);
+            if (c->raw_body) conn_audio(c, t, (int64_t) k);
+            else if (c->status == 200) sse_feed(c, st, c->in.p, k, t);
             else buf_append(&c->data, c->in.p, k);
             buf_consume(&c->in, k);
             if (c->remaining >= 0) c->remaining -= (int64_t) k;
@@ -374,7 +450,8 @@ int http_parse(Conn *c, Stats *st, double t, bool eof) {
             k = c->in.len < (size_t) c->remaining ? c->in.len
                                                   : (size_t) c->remaining;
             if (k == 0) goto more;
-            if (c->status == 200) sse_feed(c, st, c->in.p, k, t);
+            if (c->raw_body) conn_audio(c, t, (int64_t) k);
+            else if (c->status == 200) sse_feed(c, st, c->in.p, k, t);
             else buf_append(&c->data, c->in.p, k);
             buf_consume(&c->in, k);
             c->remaining -= (int64_t) k;
