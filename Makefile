@@ -244,6 +244,13 @@ $(BUILD)/bench/asr: bench/asr.c
 	$(CC) $(CFLAGS) $$(pkg-config --cflags pocketsphinx) \
 	    -o $@ $< $$(pkg-config --libs pocketsphinx) -lsoxr -lm
 
+# Flite's own synthesis, the baseline of that word error rate.
+$(BUILD)/bench/flite_say: bench/flite_say.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $< -lflite_cmu_us_rms -lflite_cmu_us_slt \
+	    -lflite_cmu_us_awb -lflite_cmu_us_kal16 -lflite_usenglish \
+	    -lflite_cmulex -lflite -lm
+
 # Debian packages: build, then tests. `make deps` installs only what is
 # missing, so it is quick on a machine that has them.
 BUILD_PKGS := gcc make libpcre2-dev libyajl-dev nginx nginx-dev \
@@ -364,10 +371,11 @@ $(BUILD)/fuzz/fuzz_%: t/fuzz/fuzz_%.c $(wildcard engine/*/*.h kernels/*.h)
 	    -lpcre2-8 -lyajl -lm
 
 bench: all $(BUILD)/bench/bench_kernels $(BUILD)/bench/loadgen \
-       $(BUILD)/ngx_omni_module.so
+       $(BUILD)/ngx_omni_module.so $(BUILD)/bench/asr $(BUILD)/bench/flite_say
 	$(call apt_ensure,$(BENCH_PKGS) nginx)
 	bench/run
 	bench/nginx
+	bench/speech
 
 clean:
 	rm -rf $(BUILD)
