@@ -371,8 +371,9 @@ $(BUILD)/fuzz/fuzz_%: t/fuzz/fuzz_%.c $(wildcard engine/*/*.h kernels/*.h)
 	    -lpcre2-8 -lyajl -lm
 
 bench: all $(BUILD)/bench/bench_kernels $(BUILD)/bench/loadgen \
-       $(BUILD)/ngx_omni_module.so $(BUILD)/bench/asr $(BUILD)/bench/flite_say
+       $(BUILD)/ngx_omni_module.so
 	$(call apt_ensure,$(BENCH_PKGS) nginx)
+	$(MAKE) $(BUILD)/bench/asr $(BUILD)/bench/flite_say
 	bench/run
 	bench/nginx
 	bench/speech
