@@ -20,36 +20,20 @@
 
 
 #define NGX_HTTP_OMNI_USAGE_FMT                                               \
-    "{\"prompt_tokens\":%uD,\"completion_tokens\":%uD,"                       \
+    "{\"prompt_tokens\":%uD,\"completion_tokens\":%uL,"                       \
     "\"total_tokens\":%uL,"                                                   \
     "\"prompt_tokens_details\":{\"cached_tokens\":%uD,\"audio_tokens\":0},"   \
     "\"completion_tokens_details\":{\"reasoning_tokens\":0,"                  \
-    "\"audio_tokens\":0,\"accepted_prediction_tokens\":0,"                    \
-    "\"rejected_prediction_tokens\":0}}"
-
-/* an upper bound: each conversion is shorter than NGX_INT64_LEN */
-#define NGX_HTTP_OMNI_USAGE_LEN                                               \
-    (sizeof(NGX_HTTP_OMNI_USAGE_FMT) - 1 + 4 * NGX_INT64_LEN)
+    "\"audio_tokens\":%uD,\"accepted_prediction_tokens\":0,"                   \
+    "\"rejected_prediction_tokens\":0"
 
 
-static ngx_chain_t *ngx_http_omni_event(ngx_http_request_t *r,
-    ngx_http_omni_ctx_t *ctx, ngx_str_t *pre, u_char *text, size_t len,
-    ngx_str_t *post, ngx_uint_t usage_null);
-static size_t ngx_http_omni_head_len(ngx_http_omni_ctx_t *ctx,
-    ngx_str_t *object);
-static u_char *ngx_http_omni_head(u_char *p, ngx_http_omni_ctx_t *ctx,
-    ngx_str_t *object);
-static ngx_str_t ngx_http_omni_finish(ngx_http_omni_ctx_t *ctx);
-static u_char *ngx_http_omni_text(ngx_http_request_t *r,
-    ngx_http_omni_ctx_t *ctx, size_t *len);
 static size_t ngx_http_omni_error_len(ngx_http_omni_error_t *err);
 static u_char *ngx_http_omni_error_write(u_char *p,
     ngx_http_omni_error_t *err);
 static ngx_uint_t ngx_http_omni_gen_model(yajl_gen g, yajl_val m);
 static ngx_int_t ngx_http_omni_model_missing(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, ngx_http_omni_error_t *err);
-static size_t ngx_http_omni_escape_len(u_char *s, size_t len);
-static u_char *ngx_http_omni_escape(u_char *dst, u_char *s, size_t len);
 
 
 /* ---- response bodies ---- */
@@ -115,8 +99,15 @@ ngx_http_omni_chunk_role(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
                                 "{\"role\":\"assistant\",\"content\":\"\","
                                 "\"refusal\":null},\"logprobs\":null,"
                                 "\"finish_reason\":null}]");
+    ngx_str_t  spoken = ngx_string("\"choices\":[{\"index\":0,\"delta\":"
+                                   "{\"role\":\"assistant\",\"content\":null,"
+                                   "\"refusal\":null},\"logprobs\":null,"
+                                   "\"finish_reason\":null}]");
 
-    return ngx_http_omni_event(r, ctx, &pre, NULL, 0, &post, 1);
+    /* a spoken answer's content stays null: its text is the transcript */
+
+    return ngx_http_omni_event(r, ctx, ctx->req.audio ? &spoken : &pre,
+                               NULL, 0, &post, 1);
 }
 
 
@@ -172,13 +163,7 @@ ngx_http_omni_chunk_usage(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
     ngx_str_t  pre = ngx_string("\"choices\":[],\"usage\":");
 
     usage.data = buf;
-    usage.len = ngx_sprintf(buf, NGX_HTTP_OMNI_USAGE_FMT,
-                            ctx->usage.prompt_tokens,
-                            ctx->usage.completion_tokens,
-                            (uint64_t) ctx->usage.prompt_tokens
-                            + ctx->usage.completion_tokens,
-                            ctx->usage.cached_tokens)
-                - buf;
+    usage.len = ngx_http_omni_usage(buf, ctx) - buf;
 
     return ngx_http_omni_event(r, ctx, &pre, NULL, 0, &usage, 0);
 }
@@ -265,12 +250,7 @@ ngx_http_omni_completion_json(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
     b->last = ngx_cpymem(b->last, reason.data, reason.len);
     b->last = ngx_cpymem(b->last, "\"}],\"usage\":",
                          sizeof("\"}],\"usage\":") - 1);
-    b->last = ngx_sprintf(b->last, NGX_HTTP_OMNI_USAGE_FMT,
-                          ctx->usage.prompt_tokens,
-                          ctx->usage.completion_tokens,
-                          (uint64_t) ctx->usage.prompt_tokens
-                          + ctx->usage.completion_tokens,
-                          ctx->usage.cached_tokens);
+    b->last = ngx_http_omni_usage(b->last, ctx);
     *b->last++ = '}';
     *b->last++ = '\n';
     b->tag = (ngx_buf_tag_t) &ngx_http_omni_module;
@@ -286,7 +266,7 @@ ngx_http_omni_completion_json(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
  * the client asked for include_usage.
  */
 
-static ngx_chain_t *
+ngx_chain_t *
 ngx_http_omni_event(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_str_t *pre, u_char *text, size_t len, ngx_str_t *post,
     ngx_uint_t usage_null)
@@ -334,7 +314,7 @@ ngx_http_omni_event(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 }
 
 
-static size_t
+size_t
 ngx_http_omni_head_len(ngx_http_omni_ctx_t *ctx, ngx_str_t *object)
 {
     return sizeof("{\"id\":\"\",\"object\":\"\",\"created\":,\"model\":\"\",")
@@ -347,7 +327,7 @@ ngx_http_omni_head_len(ngx_http_omni_ctx_t *ctx, ngx_str_t *object)
 
 /* {"id":ID,"object":OBJECT,"created":N,"model":MODEL,  (open object) */
 
-static u_char *
+u_char *
 ngx_http_omni_head(u_char *p, ngx_http_omni_ctx_t *ctx, ngx_str_t *object)
 {
     p = ngx_cpymem(p, "{\"id\":\"", sizeof("{\"id\":\"") - 1);
@@ -362,7 +342,7 @@ ngx_http_omni_head(u_char *p, ngx_http_omni_ctx_t *ctx, ngx_str_t *object)
 }
 
 
-static ngx_str_t
+ngx_str_t
 ngx_http_omni_finish(ngx_http_omni_ctx_t *ctx)
 {
     ngx_str_t  stop = ngx_string("stop");
@@ -372,10 +352,38 @@ ngx_http_omni_finish(ngx_http_omni_ctx_t *ctx)
 }
 
 
+/* usage: completion_tokens counts the text and the speech units (DONE's
+ * audio_tokens) together, as OpenAI's audio answers do; text_tokens only
+ * when the answer was spoken. At most NGX_HTTP_OMNI_USAGE_LEN bytes. */
+
+u_char *
+ngx_http_omni_usage(u_char *p, ngx_http_omni_ctx_t *ctx)
+{
+    uint64_t  completion;
+
+    completion = (uint64_t) ctx->usage.completion_tokens
+                 + ctx->usage.audio_tokens;
+
+    p = ngx_sprintf(p, NGX_HTTP_OMNI_USAGE_FMT, ctx->usage.prompt_tokens,
+                    completion, ctx->usage.prompt_tokens + completion,
+                    ctx->usage.cached_tokens, ctx->usage.audio_tokens);
+
+    if (ctx->req.audio) {
+        p = ngx_sprintf(p, ",\"text_tokens\":%uD",
+                        ctx->usage.completion_tokens);
+    }
+
+    *p++ = '}';
+    *p++ = '}';
+
+    return p;
+}
+
+
 /* The text gathered for a non-streaming answer, contiguous: escaping
  * needs whole UTF-8 characters, and a chain may split one. */
 
-static u_char *
+u_char *
 ngx_http_omni_text(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     size_t *len)
 {
@@ -704,7 +712,7 @@ ngx_http_omni_seed_header(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
 /* Bytes s takes inside a JSON string: '"' '\\' and control characters
  * escaped, valid UTF-8 as it is, each invalid byte as U+FFFD. */
 
-static size_t
+size_t
 ngx_http_omni_escape_len(u_char *s, size_t len)
 {
     size_t   n, k;
@@ -744,7 +752,7 @@ ngx_http_omni_escape_len(u_char *s, size_t len)
 }
 
 
-static u_char *
+u_char *
 ngx_http_omni_escape(u_char *dst, u_char *s, size_t len)
 {
     size_t   k;

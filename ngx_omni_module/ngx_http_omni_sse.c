@@ -11,7 +11,8 @@
  * and flushed at once: the chat role chunk before the first text, a
  * chunk per TEXT, at DONE the finish chunk, the usage chunk if asked for
  * and [DONE]; an ERROR, or a failure of the engine, as one error event
- * that ends the stream. Apart from ngx_http_omni_upstream.c, which
+ * that ends the stream. Spoken responses' frames are
+ * ngx_http_omni_audio.c's. Apart from ngx_http_omni_upstream.c, which
  * decides the response from the first frames, because this is the part
  * that runs per token.
  */
@@ -26,8 +27,6 @@
 
 static ngx_int_t ngx_http_omni_stream_frame(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, ngx_str_t *payload);
-static ngx_int_t ngx_http_omni_stream_role(ngx_http_request_t *r,
-    ngx_http_omni_ctx_t *ctx);
 static ngx_int_t ngx_http_omni_stream_done(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, ngx_str_t *payload);
 
@@ -108,6 +107,13 @@ ngx_http_omni_stream_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_chain_t            *cl;
     ngx_http_omni_error_t   err;
 
+    if (ngx_http_omni_spoken(ctx)
+        && (ctx->frame.type == OMNI_F_AUDIO || ctx->frame.type == OMNI_F_TEXT
+            || ctx->frame.type == OMNI_F_DONE))
+    {
+        return ngx_http_omni_audio_frame(r, ctx, payload);
+    }
+
     switch (ctx->frame.type) {
 
     case OMNI_F_TEXT:
@@ -150,7 +156,7 @@ ngx_http_omni_stream_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 /* A chat stream's first chunk, the role, before its first text or its
  * end: once. NGX_OK, or NGX_ERROR (no memory, the client is gone). */
 
-static ngx_int_t
+ngx_int_t
 ngx_http_omni_stream_role(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
 {
     ngx_chain_t  *cl;
@@ -237,6 +243,13 @@ ngx_http_omni_stream_error(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 
     ctx->done = 1;
     ngx_http_omni_keepalive_stop(ctx);
+
+    if (ngx_http_omni_raw_audio(ctx)) {
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "omni audio cut after its start, the response ends "
+                      "without its last chunk: %V", &err->message);
+        return NGX_ERROR;
+    }
 
     cl = ngx_http_omni_error_event(r, ctx, err);
     if (cl == NULL) {

@@ -16,7 +16,8 @@
  *
  * process_header decides the response from the first frames:
  *
- *   streaming request, first frame TEXT or DONE: 200 text/event-stream;
+ *   streaming request, first frame TEXT or DONE (AUDIO when spoken):
+ *       200 text/event-stream, or the audio's type (speech);
  *       the frames stay in the buffer for the input filter
  *       (ngx_http_omni_sse.c), which turns each one into an SSE event
  *       sent and flushed at once;
@@ -46,6 +47,8 @@
 static ngx_int_t ngx_http_omni_create_request(ngx_http_request_t *r);
 static ngx_int_t ngx_http_omni_reinit_request(ngx_http_request_t *r);
 static ngx_int_t ngx_http_omni_process_header(ngx_http_request_t *r);
+static ngx_int_t ngx_http_omni_stream_start(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx);
 static ngx_int_t ngx_http_omni_header_frame(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, ngx_str_t *payload);
 static ngx_int_t ngx_http_omni_gather(ngx_http_request_t *r,
@@ -184,6 +187,11 @@ ngx_http_omni_reinit_request(ngx_http_request_t *r)
     ctx->done = 0;
     ctx->text = NULL;
     ctx->text_last = NULL;
+    ctx->audio = NULL;
+    ctx->audio_last = NULL;
+    ctx->audio_len = 0;
+    ctx->carry_len = 0;
+    ctx->audio_started = 0;
     ctx->out = NULL;
     ctx->err.status = 0;
 
@@ -197,52 +205,23 @@ ngx_http_omni_process_header(ngx_http_request_t *r)
     ngx_int_t             rc;
     ngx_buf_t            *b;
     ngx_str_t             payload;
-    OmniFrameHdr          h;
     ngx_http_upstream_t  *u;
     ngx_http_omni_ctx_t  *ctx;
-
-    static ngx_str_t  cache_key = ngx_string("Cache-Control");
-    static ngx_str_t  cache_value = ngx_string("no-cache");
 
     u = r->upstream;
     b = &u->buffer;
 
     ctx = ngx_http_get_module_ctx(r, ngx_http_omni_module);
 
-    if (ctx->req.stream && ctx->hdr_got == 0) {
-
-        /* the first frame decides; TEXT and DONE are left in the buffer */
-
-        if (b->last - b->pos < OMNI_FRAME_HDR) {
-            return NGX_AGAIN;
-        }
-
-        omni_hdr_decode(&h, b->pos);
-
-        if ((h.type == OMNI_F_TEXT || h.type == OMNI_F_DONE)
-            && omni_frame_check(&h, OMNI_DIR_TO_CLIENT) == NULL)
-        {
-            ngx_log_debug0(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                           "omni stream starts");
-
-            u->headers_in.status_n = NGX_HTTP_OK;
-            u->headers_in.content_length_n = -1;
-            u->state->status = NGX_HTTP_OK;
-
-            ngx_http_omni_set_content_type(r, &ngx_http_omni_sse_type);
-
-            if (ngx_http_omni_add_header(r, &cache_key, &cache_value)
-                != NGX_OK
-                || ngx_http_omni_seed_header(r, ctx) != NGX_OK)
-            {
-                return NGX_ERROR;
-            }
-
-            return NGX_OK;
-        }
-    }
-
     for ( ;; ) {
+
+        if (ctx->req.stream && ctx->hdr_got == 0) {
+            rc = ngx_http_omni_stream_start(r, ctx);
+
+            if (rc != NGX_DECLINED) {
+                return rc;
+            }
+        }
 
         rc = ngx_http_omni_parse_frame(r, ctx, &b->pos, b->last, &payload);
 
@@ -273,6 +252,83 @@ ngx_http_omni_process_header(ngx_http_request_t *r)
 
 
 /*
+ * A stream starts with the first frame that is part of it, left in the
+ * buffer for the input filter: TEXT or DONE; AUDIO when the answer is
+ * spoken. Speech has no text out: a TEXT before its audio is read and
+ * dropped (ngx_http_omni_header_frame()). NGX_OK: the header is set;
+ * NGX_AGAIN: no whole frame header yet; NGX_DECLINED: the parser reads
+ * this frame; NGX_ERROR.
+ */
+
+static ngx_int_t
+ngx_http_omni_stream_start(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
+{
+    size_t                n;
+    ngx_buf_t            *b;
+    OmniFrameHdr          h;
+    ngx_http_upstream_t  *u;
+
+    static ngx_str_t  cache_key = ngx_string("Cache-Control");
+    static ngx_str_t  cache_value = ngx_string("no-cache");
+
+    u = r->upstream;
+    b = &u->buffer;
+
+    n = b->last - b->pos;
+
+    if (n < OMNI_FRAME_HDR) {
+
+        /* the upstream module reads on after b->last: what is left of
+         * the buffer must hold the header's rest */
+
+        if (b->pos != b->start) {
+            ngx_memmove(b->start, b->pos, n);
+            b->pos = b->start;
+            b->last = b->start + n;
+        }
+
+        return NGX_AGAIN;
+    }
+
+    omni_hdr_decode(&h, b->pos);
+
+    if (omni_frame_check(&h, OMNI_DIR_TO_CLIENT) != NULL
+        || !(h.type == OMNI_F_DONE
+             || (h.type == OMNI_F_AUDIO && ngx_http_omni_spoken(ctx))
+             || (h.type == OMNI_F_TEXT
+                 && ctx->endpoint->kind != NGX_HTTP_OMNI_KIND_SPEECH)))
+    {
+        return NGX_DECLINED;
+    }
+
+    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "omni stream starts with frame type %ui",
+                   (ngx_uint_t) h.type);
+
+    u->headers_in.status_n = NGX_HTTP_OK;
+    u->headers_in.content_length_n = -1;
+    u->state->status = NGX_HTTP_OK;
+
+    if (ngx_http_omni_spoken(ctx)) {
+        if (ngx_http_omni_audio_header(r, ctx) != NGX_OK) {
+            return NGX_ERROR;
+        }
+
+    } else {
+        ngx_http_omni_set_content_type(r, &ngx_http_omni_sse_type);
+    }
+
+    if (ngx_http_omni_add_header(r, &cache_key, &cache_value) != NGX_OK
+        || ngx_http_omni_seed_header(r, ctx) != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
+}
+
+
+/*
  * One whole frame before the response header. NGX_AGAIN: read on;
  * NGX_OK: the response is set; NGX_HTTP_UPSTREAM_INVALID_HEADER;
  * NGX_ERROR.
@@ -282,6 +338,7 @@ static ngx_int_t
 ngx_http_omni_header_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_str_t *payload)
 {
+    ngx_int_t                  rc;
     ngx_uint_t                 completion;
     ngx_http_omni_error_t      err;
     ngx_http_omni_endpoint_t  *ep;
@@ -306,11 +363,29 @@ ngx_http_omni_header_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
             break;
         }
 
+        if (ep->kind == NGX_HTTP_OMNI_KIND_SPEECH) {
+            return NGX_AGAIN;
+        }
+
         if (ngx_http_omni_gather(r, ctx, payload) != NGX_OK) {
             return NGX_ERROR;
         }
 
         return NGX_AGAIN;
+
+    case OMNI_F_AUDIO:
+        if (!completion || !ctx->req.audio || ctx->req.stream) {
+            break;
+        }
+
+        rc = ngx_http_omni_audio_gather(r, ctx, payload, &err);
+
+        if (rc == NGX_DECLINED) {
+            ctx->done = 1;
+            return ngx_http_omni_reply_error(r, ctx, &err);
+        }
+
+        return (rc == NGX_OK) ? NGX_AGAIN : NGX_ERROR;
 
     case OMNI_F_DONE:
         if (!completion) {
@@ -329,7 +404,9 @@ ngx_http_omni_header_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 
         return ngx_http_omni_reply_buf(r, ctx, NGX_HTTP_OK,
                                        &ngx_http_omni_json_type,
-                                       ngx_http_omni_completion_json(r, ctx));
+                                       ctx->req.audio
+                                       ? ngx_http_omni_audio_json(r, ctx)
+                                       : ngx_http_omni_completion_json(r, ctx));
 
     case OMNI_F_ERROR:
         if (ngx_http_omni_error_frame(r, ctx, payload, &err) != NGX_OK) {
@@ -528,6 +605,8 @@ ngx_http_omni_error_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
         return NGX_ERROR;
     }
 
+    ngx_http_omni_speech_error(ctx, err);
+
     ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
                   "omni engine error %ui%s: \"%V\"", err->status,
                   ctx->header_sent ? " in a stream" : "", &err->message);
@@ -654,6 +733,16 @@ ngx_http_omni_input_filter_init(void *data)
         u->out_bufs = ctx->out;
         u->length = 0;
 
+        return NGX_OK;
+    }
+
+    if (ngx_http_omni_raw_audio(ctx)) {
+
+        /* audio bytes: no keep-alive comments; an engine that closes
+         * before DONE is a premature close (a 502 to the upstream
+         * module), which ends the response without its last chunk */
+
+        u->length = NGX_MAX_OFF_T_VALUE;
         return NGX_OK;
     }
 
