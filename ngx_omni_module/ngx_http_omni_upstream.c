@@ -279,12 +279,18 @@ ngx_http_omni_stream_start(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
     if (n < OMNI_FRAME_HDR) {
 
         /* the upstream module reads on after b->last: what is left of
-         * the buffer must hold the header's rest */
+         * the buffer must hold the header's rest; a frame read whole
+         * (a dropped TEXT) restarts the read timeout */
 
         if (b->pos != b->start) {
             ngx_memmove(b->start, b->pos, n);
             b->pos = b->start;
             b->last = b->start + n;
+
+            if (n == 0) {
+                ngx_add_timer(u->peer.connection->read,
+                              u->conf->read_timeout);
+            }
         }
 
         return NGX_AGAIN;
