@@ -316,33 +316,24 @@ static ngx_int_t
 ngx_http_omni_audio_piece(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_str_t *first, ngx_str_t *rest)
 {
-    size_t        size;
     u_char        buf[NGX_HTTP_OMNI_PRE_MAX];
     ngx_str_t     pre, b64;
     ngx_buf_t    *b;
     ngx_chain_t  *cl;
-    ngx_str_t     object = ngx_string("chat.completion.chunk");
     ngx_str_t     post = ngx_string("\"}},\"logprobs\":null,"
                                     "\"finish_reason\":null}]");
 
     pre = ngx_http_omni_audio_pre(ctx, buf, "data");
 
-    size = sizeof("data: ") - 1 + ngx_http_omni_head_len(ctx, &object)
-           + pre.len + ngx_base64_encoded_length(first->len)
-           + ngx_base64_encoded_length(rest->len) + post.len
-           + (ctx->req.include_usage ? sizeof(",\"usage\":null") - 1 : 0)
-           + sizeof("}\n\n") - 1;
-
-    cl = ngx_http_omni_event_buf(r, ctx, size);
+    cl = ngx_http_omni_event_start(r, ctx, &pre,
+                                   ngx_base64_encoded_length(first->len)
+                                   + ngx_base64_encoded_length(rest->len),
+                                   &post);
     if (cl == NULL) {
         return NGX_ERROR;
     }
 
     b = cl->buf;
-
-    b->last = ngx_cpymem(b->last, "data: ", sizeof("data: ") - 1);
-    b->last = ngx_http_omni_head(b->last, ctx, &object);
-    b->last = ngx_cpymem(b->last, pre.data, pre.len);
 
     b64.data = b->last;
     ngx_encode_base64(&b64, first);
@@ -352,14 +343,7 @@ ngx_http_omni_audio_piece(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_encode_base64(&b64, rest);
     b->last += b64.len;
 
-    b->last = ngx_cpymem(b->last, post.data, post.len);
-
-    if (ctx->req.include_usage) {
-        b->last = ngx_cpymem(b->last, ",\"usage\":null",
-                             sizeof(",\"usage\":null") - 1);
-    }
-
-    b->last = ngx_cpymem(b->last, "}\n\n", sizeof("}\n\n") - 1);
+    ngx_http_omni_event_end(ctx, b, &post, 1);
 
     return ngx_http_omni_audio_send(r, ctx, cl);
 }
@@ -501,7 +485,6 @@ ngx_http_omni_audio_gather(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 {
     u_char       *p, *last;
     size_t        n;
-    ngx_buf_t    *b;
     ngx_chain_t  *cl;
 
     if (payload->len > NGX_HTTP_OMNI_MAX_AUDIO - ctx->audio_len) {
@@ -527,27 +510,11 @@ ngx_http_omni_audio_gather(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
         cl = ctx->audio_last;
 
         if (cl == NULL || cl->buf->last == cl->buf->end) {
-            b = ngx_create_temp_buf(r->pool, NGX_HTTP_OMNI_AUDIO_BUF);
-            if (b == NULL) {
-                return NGX_ERROR;
-            }
-
-            cl = ngx_alloc_chain_link(r->pool);
+            cl = ngx_http_omni_chain_add(r, &ctx->audio, &ctx->audio_last,
+                                         NGX_HTTP_OMNI_AUDIO_BUF);
             if (cl == NULL) {
                 return NGX_ERROR;
             }
-
-            cl->buf = b;
-            cl->next = NULL;
-
-            if (ctx->audio_last) {
-                ctx->audio_last->next = cl;
-
-            } else {
-                ctx->audio = cl;
-            }
-
-            ctx->audio_last = cl;
         }
 
         n = ngx_min((size_t) (last - p),
@@ -577,7 +544,6 @@ ngx_http_omni_audio_json(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
     u_char      *text;
     size_t       len, size;
     ngx_buf_t   *b;
-    ngx_str_t    reason;
     ngx_str_t    object = ngx_string("chat.completion");
     ngx_str_t    pre = ngx_string("\"choices\":[{\"index\":0,\"message\":"
                                   "{\"role\":\"assistant\",\"content\":null,"
@@ -590,8 +556,6 @@ ngx_http_omni_audio_json(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
         return NULL;
     }
 
-    reason = ngx_http_omni_finish(ctx);
-
     ngx_http_omni_audio_wav_sizes(ctx);
 
     size = ngx_http_omni_head_len(ctx, &object) + pre.len
@@ -599,8 +563,7 @@ ngx_http_omni_audio_json(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
            + ngx_base64_encoded_length(ctx->audio_len)
            + sizeof("\",\"expires_at\":,\"transcript\":\"") - 1
            + NGX_TIME_T_LEN + ngx_http_omni_escape_len(text, len)
-           + tail.len + reason.len + sizeof("\"}],\"usage\":}\n") - 1
-           + NGX_HTTP_OMNI_USAGE_LEN;
+           + tail.len + NGX_HTTP_OMNI_END_LEN;
 
     b = ngx_create_temp_buf(r->pool, size);
     if (b == NULL) {
@@ -618,12 +581,7 @@ ngx_http_omni_audio_json(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
                           ctx->created + NGX_HTTP_OMNI_EXPIRES);
     b->last = ngx_http_omni_escape(b->last, text, len);
     b->last = ngx_cpymem(b->last, tail.data, tail.len);
-    b->last = ngx_cpymem(b->last, reason.data, reason.len);
-    b->last = ngx_cpymem(b->last, "\"}],\"usage\":",
-                         sizeof("\"}],\"usage\":") - 1);
-    b->last = ngx_http_omni_usage(b->last, ctx);
-    *b->last++ = '}';
-    *b->last++ = '\n';
+    b->last = ngx_http_omni_completion_end(b->last, ctx);
     b->tag = (ngx_buf_tag_t) &ngx_http_omni_module;
 
     return b;

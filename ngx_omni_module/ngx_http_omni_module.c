@@ -226,7 +226,7 @@ ngx_http_omni_endpoint_t  ngx_http_omni_endpoints[NGX_HTTP_OMNI_ENDPOINTS] = {
     { ngx_string("audio/speech"), ngx_null_string,
       ngx_string("audio_speech"),
       NGX_HTTP_POST, ngx_string("POST"),
-      NGX_HTTP_OMNI_KIND_SPEECH, ngx_http_omni_speech_parse,
+      NGX_HTTP_OMNI_KIND_SPEECH, ngx_http_omni_parse,
       OMNI_F_REQUEST, 0, NULL, NULL,
       ngx_null_string, 0 }
 };

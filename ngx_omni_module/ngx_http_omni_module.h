@@ -25,7 +25,9 @@
  *                             SSE events, chat audio chunks and the
  *                             non-streaming chat answer's "audio"
  *   ngx_http_omni_openai.c    OpenAI JSON out: response bodies, SSE
- *                             chunks, errors, model lists
+ *                             chunks, errors
+ *   ngx_http_omni_models.c    the model list and the one model
+ *                             (MODELS_R)
  *   ngx_http_omni_output.c    unbuffered output: one event, one flush,
  *                             event buffers recycled; the idle keep-alive
  *                             comment; the header and body filters that
@@ -286,7 +288,8 @@ extern ngx_module_t  ngx_http_omni_module;
  * sampling fields copied as given (the engine checks their types and
  * ranges and answers with an ERROR naming the param). ep->kind says
  * which. Returns NGX_OK, NGX_DECLINED with err filled (a 400), or
- * NGX_ERROR (no memory). The row's parser of chat and completions. */
+ * NGX_ERROR (no memory). The row's parser of chat and completions, and
+ * of /v1/audio/speech (its fields: ngx_http_omni_speech.c). */
 ngx_int_t ngx_http_omni_parse(ngx_http_request_t *r,
     ngx_http_omni_endpoint_t *ep, ngx_str_t *body, ngx_http_omni_req_t *req,
     ngx_http_omni_error_t *err);
@@ -294,14 +297,9 @@ ngx_int_t ngx_http_omni_parse(ngx_http_request_t *r,
 
 /* ngx_http_omni_speech.c
  *
- * POST /v1/audio/speech's body (model, input, voice, response_format,
- * speed, instructions, stream_format, speech_mode) into req->engine, as
- * ngx_http_omni_parse() does for chat: the row's parser. The speech
- * endpoint's names for the engine's params of an ERROR ("audio.voice" is
- * "voice" there); other endpoints' errors are left alone. */
-ngx_int_t ngx_http_omni_speech_parse(ngx_http_request_t *r,
-    ngx_http_omni_endpoint_t *ep, ngx_str_t *body, ngx_http_omni_req_t *req,
-    ngx_http_omni_error_t *err);
+ * The speech endpoint's names for the engine's params of an ERROR
+ * ("audio.voice" is "voice" there); other endpoints' errors are left
+ * alone. */
 void ngx_http_omni_speech_error(ngx_http_omni_ctx_t *ctx,
     ngx_http_omni_error_t *err);
 
@@ -348,23 +346,28 @@ ngx_chain_t *ngx_http_omni_chunk_usage(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx);
 ngx_chain_t *ngx_http_omni_chunk_done(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx);              /* data: [DONE]\n\n */
-/* The engine's MODELS_R JSON as OpenAI's list, or one model when the URI
- * named one (ctx->model_id; NGX_DECLINED with err filled, a 404, when the
- * engine does not serve it). */
-ngx_int_t ngx_http_omni_models_json(ngx_http_request_t *r,
-    ngx_http_omni_ctx_t *ctx, u_char *json, size_t len, ngx_buf_t **out,
-    ngx_http_omni_error_t *err);
 /* usage {...} of ctx->usage at p, at most NGX_HTTP_OMNI_USAGE_LEN
- * bytes; the finish reason of a choice. */
+ * bytes; the finish reason of a choice; a whole answer's end,
+ * REASON"}],"usage":{...}}\n, at most NGX_HTTP_OMNI_END_LEN bytes. */
 #define NGX_HTTP_OMNI_USAGE_LEN  512        /* ample: 6 numbers in 250 */
+#define NGX_HTTP_OMNI_END_LEN                                                 \
+    (sizeof("length\"}],\"usage\":}\n") - 1 + NGX_HTTP_OMNI_USAGE_LEN)
 
 u_char *ngx_http_omni_usage(u_char *p, ngx_http_omni_ctx_t *ctx);
 ngx_str_t ngx_http_omni_finish(ngx_http_omni_ctx_t *ctx);
+u_char *ngx_http_omni_completion_end(u_char *p, ngx_http_omni_ctx_t *ctx);
 /* The pieces of chat.completion.chunk events, for ngx_http_omni_audio.c:
- * one event (see ngx_http_omni_event()); the head {"id","object",
+ * one event of escaped text: "data: " head pre text post
+ * [,"usage":null] "}\n\n" (the head: id, object, created, model; usage
+ * null when usage_null and include_usage); the same in two steps, for a
+ * body of size bytes the caller writes; the head {"id","object",
  * "created","model", (open) and its length; JSON string escaping. */
 ngx_chain_t *ngx_http_omni_event(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, ngx_str_t *pre, u_char *text, size_t len,
+    ngx_str_t *post, ngx_uint_t usage_null);
+ngx_chain_t *ngx_http_omni_event_start(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_str_t *pre, size_t size, ngx_str_t *post);
+void ngx_http_omni_event_end(ngx_http_omni_ctx_t *ctx, ngx_buf_t *b,
     ngx_str_t *post, ngx_uint_t usage_null);
 size_t ngx_http_omni_head_len(ngx_http_omni_ctx_t *ctx, ngx_str_t *object);
 u_char *ngx_http_omni_head(u_char *p, ngx_http_omni_ctx_t *ctx,
@@ -409,12 +412,22 @@ ngx_int_t ngx_http_omni_parse_frame(ngx_http_request_t *r,
  * not an ERROR's. */
 ngx_int_t ngx_http_omni_error_frame(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, ngx_str_t *payload, ngx_http_omni_error_t *err);
-/* The endpoints' reply functions: MODELS_R (models, model). */
+
+
+/* ngx_http_omni_models.c: the reply function of the models rows
+ * (MODELS_R): OpenAI's list, or the model the URI names (ctx->model_id;
+ * a 404 when the engine does not serve it). */
 ngx_int_t ngx_http_omni_models_reply(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, ngx_str_t *payload);
 
 
 /* ngx_http_omni_sse.c */
+/* A stream's first frame, left in the buffer (process_header): NGX_OK,
+ * the header is set; NGX_AGAIN, no whole frame header yet; NGX_DECLINED,
+ * the frame is not part of a stream (process_header reads it); NGX_ERROR.
+ */
+ngx_int_t ngx_http_omni_stream_start(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx);
 /* The upstream input filter of a stream (u->input_filter_ctx is r). */
 ngx_int_t ngx_http_omni_input_filter(void *data, ssize_t bytes);
 /* A chat stream's role chunk, once. NGX_ERROR: the client is gone. */
@@ -468,6 +481,10 @@ ngx_int_t ngx_http_omni_retry_after(ngx_http_request_t *r, ngx_uint_t status);
 
 
 /* ngx_http_omni_output.c */
+/* A new buffer of size bytes from r->pool linked at the end of the chain
+ * *first..*last; NULL: no memory. */
+ngx_chain_t *ngx_http_omni_chain_add(ngx_http_request_t *r,
+    ngx_chain_t **first, ngx_chain_t **last, size_t size);
 ngx_int_t ngx_http_omni_send_header(ngx_http_request_t *r,
     ngx_uint_t status, ngx_str_t *content_type, off_t content_length);
 /* An empty event buffer of at least size bytes, from ctx->free. */

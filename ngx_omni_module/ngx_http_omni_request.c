@@ -38,6 +38,12 @@ static ngx_int_t ngx_http_omni_check_body(ngx_http_request_t *r,
     ngx_http_omni_kind_e kind, yajl_val root,
     ngx_http_omni_fields_t *f, ngx_http_omni_req_t *req,
     ngx_http_omni_error_t *err);
+static ngx_int_t ngx_http_omni_body_tree(ngx_http_request_t *r,
+    ngx_str_t *body, yajl_val *root, ngx_http_omni_error_t *err);
+static ngx_int_t ngx_http_omni_engine_request(ngx_http_request_t *r,
+    ngx_http_omni_kind_e kind, yajl_val root,
+    ngx_http_omni_fields_t *f, ngx_http_omni_req_t *req,
+    ngx_http_omni_error_t *err);
 static ngx_int_t ngx_http_omni_check_messages(ngx_http_request_t *r,
     yajl_val root, ngx_http_omni_fields_t *f, ngx_http_omni_error_t *err);
 static ngx_int_t ngx_http_omni_check_part(ngx_http_request_t *r,
@@ -91,7 +97,9 @@ ngx_http_omni_parse(ngx_http_request_t *r, ngx_http_omni_endpoint_t *ep,
 
     /* the tree is malloc()ed by yajl: one exit frees it */
 
-    rc = ngx_http_omni_check_body(r, ep->kind, root, &f, req, err);
+    rc = (ep->kind == NGX_HTTP_OMNI_KIND_SPEECH)
+         ? ngx_http_omni_speech_check(r, root, &f, req, err)
+         : ngx_http_omni_check_body(r, ep->kind, root, &f, req, err);
 
     if (rc == NGX_OK) {
         rc = ngx_http_omni_engine_request(r, ep->kind, root, &f, req, err);
@@ -106,7 +114,7 @@ ngx_http_omni_parse(ngx_http_request_t *r, ngx_http_omni_endpoint_t *ep,
 /* The body pre-scanned, then yajl's tree of it in *root, a JSON object;
  * the caller frees it with yajl_tree_free() when NGX_OK. */
 
-ngx_int_t
+static ngx_int_t
 ngx_http_omni_body_tree(ngx_http_request_t *r, ngx_str_t *body,
     yajl_val *root, ngx_http_omni_error_t *err)
 {
@@ -488,7 +496,7 @@ ngx_http_omni_check_stream(ngx_http_request_t *r, yajl_val root,
 
 /* ---- the engine request ---- */
 
-ngx_int_t
+static ngx_int_t
 ngx_http_omni_engine_request(ngx_http_request_t *r,
     ngx_http_omni_kind_e kind, yajl_val root,
     ngx_http_omni_fields_t *f, ngx_http_omni_req_t *req,

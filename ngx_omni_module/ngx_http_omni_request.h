@@ -64,18 +64,15 @@ ngx_int_t ngx_http_omni_check_output(ngx_http_request_t *r,
 ngx_int_t ngx_http_omni_check_model(ngx_http_request_t *r, yajl_val root,
     ngx_http_omni_fields_t *f, ngx_http_omni_req_t *req,
     ngx_http_omni_error_t *err);
-/* The pre-scanned body as yajl's tree of a JSON object (*root, freed by
- * the caller after NGX_OK); the engine's JSON into req->engine. */
-ngx_int_t ngx_http_omni_body_tree(ngx_http_request_t *r, ngx_str_t *body,
-    yajl_val *root, ngx_http_omni_error_t *err);
-ngx_int_t ngx_http_omni_engine_request(ngx_http_request_t *r,
-    ngx_http_omni_kind_e kind, yajl_val root,
-    ngx_http_omni_fields_t *f, ngx_http_omni_req_t *req,
-    ngx_http_omni_error_t *err);
 
-/* ngx_http_omni_speech.c: chat's audio out (audio is 1 when modalities
+/* ngx_http_omni_speech.c: /v1/audio/speech's body (model, input, voice,
+ * response_format, speed, instructions, stream_format, speech_mode);
+ * chat's audio out (audio is 1 when modalities
  * names it); the "audio" object of the engine's JSON (a yajl_gen
  * status). */
+ngx_int_t ngx_http_omni_speech_check(ngx_http_request_t *r, yajl_val root,
+    ngx_http_omni_fields_t *f, ngx_http_omni_req_t *req,
+    ngx_http_omni_error_t *err);
 ngx_int_t ngx_http_omni_check_chat_audio(ngx_http_request_t *r,
     yajl_val root, ngx_uint_t audio, ngx_http_omni_fields_t *f,
     ngx_http_omni_req_t *req, ngx_http_omni_error_t *err);

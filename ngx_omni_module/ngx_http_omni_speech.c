@@ -30,9 +30,6 @@
 #define NGX_HTTP_OMNI_SHOWN         64      /* bytes of a bad value quoted */
 
 
-static ngx_int_t ngx_http_omni_speech_check(ngx_http_request_t *r,
-    yajl_val root, ngx_http_omni_fields_t *f, ngx_http_omni_req_t *req,
-    ngx_http_omni_error_t *err);
 static ngx_int_t ngx_http_omni_speech_text(ngx_http_request_t *r,
     yajl_val root, char *key, ngx_uint_t required, yajl_val *out,
     ngx_http_omni_error_t *err);
@@ -85,40 +82,10 @@ static const char *const  ngx_http_omni_speech_params[][2] = {
 
 
 /* POST /v1/audio/speech: {"model", "input", "voice", "response_format",
- * "speed", "instructions", "stream_format", "speech_mode"} into
- * {"model", "input", "audio": {...}}. The row's parser. */
+ * "speed", "instructions", "stream_format", "speech_mode"}, for
+ * {"model", "input", "audio": {...}} (ngx_http_omni_parse() writes it). */
 
 ngx_int_t
-ngx_http_omni_speech_parse(ngx_http_request_t *r, ngx_http_omni_endpoint_t *ep,
-    ngx_str_t *body, ngx_http_omni_req_t *req, ngx_http_omni_error_t *err)
-{
-    yajl_val                 root;
-    ngx_int_t                rc;
-    ngx_http_omni_fields_t   f;
-
-    ngx_memzero(req, sizeof(ngx_http_omni_req_t));
-    ngx_memzero(&f, sizeof(ngx_http_omni_fields_t));
-
-    rc = ngx_http_omni_body_tree(r, body, &root, err);
-    if (rc != NGX_OK) {
-        return rc;
-    }
-
-    /* the tree is malloc()ed by yajl: one exit frees it */
-
-    rc = ngx_http_omni_speech_check(r, root, &f, req, err);
-
-    if (rc == NGX_OK) {
-        rc = ngx_http_omni_engine_request(r, ep->kind, root, &f, req, err);
-    }
-
-    yajl_tree_free(root);
-
-    return rc;
-}
-
-
-static ngx_int_t
 ngx_http_omni_speech_check(ngx_http_request_t *r, yajl_val root,
     ngx_http_omni_fields_t *f, ngx_http_omni_req_t *req,
     ngx_http_omni_error_t *err)

@@ -47,8 +47,6 @@
 static ngx_int_t ngx_http_omni_create_request(ngx_http_request_t *r);
 static ngx_int_t ngx_http_omni_reinit_request(ngx_http_request_t *r);
 static ngx_int_t ngx_http_omni_process_header(ngx_http_request_t *r);
-static ngx_int_t ngx_http_omni_stream_start(ngx_http_request_t *r,
-    ngx_http_omni_ctx_t *ctx);
 static ngx_int_t ngx_http_omni_header_frame(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, ngx_str_t *payload);
 static ngx_int_t ngx_http_omni_gather(ngx_http_request_t *r,
@@ -61,8 +59,6 @@ static void ngx_http_omni_finalize_request(ngx_http_request_t *r,
 
 static ngx_str_t  ngx_http_omni_json_type =
     ngx_string("application/json");
-static ngx_str_t  ngx_http_omni_sse_type =
-    ngx_string("text/event-stream; charset=utf-8");
 
 
 ngx_int_t
@@ -252,89 +248,6 @@ ngx_http_omni_process_header(ngx_http_request_t *r)
 
 
 /*
- * A stream starts with the first frame that is part of it, left in the
- * buffer for the input filter: TEXT or DONE; AUDIO when the answer is
- * spoken. Speech has no text out: a TEXT before its audio is read and
- * dropped (ngx_http_omni_header_frame()). NGX_OK: the header is set;
- * NGX_AGAIN: no whole frame header yet; NGX_DECLINED: the parser reads
- * this frame; NGX_ERROR.
- */
-
-static ngx_int_t
-ngx_http_omni_stream_start(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
-{
-    size_t                n;
-    ngx_buf_t            *b;
-    OmniFrameHdr          h;
-    ngx_http_upstream_t  *u;
-
-    static ngx_str_t  cache_key = ngx_string("Cache-Control");
-    static ngx_str_t  cache_value = ngx_string("no-cache");
-
-    u = r->upstream;
-    b = &u->buffer;
-
-    n = b->last - b->pos;
-
-    if (n < OMNI_FRAME_HDR) {
-
-        /* the upstream module reads on after b->last: what is left of
-         * the buffer must hold the header's rest; a frame read whole
-         * (a dropped TEXT) restarts the read timeout */
-
-        if (b->pos != b->start) {
-            ngx_memmove(b->start, b->pos, n);
-            b->pos = b->start;
-            b->last = b->start + n;
-
-            if (n == 0) {
-                ngx_add_timer(u->peer.connection->read,
-                              u->conf->read_timeout);
-            }
-        }
-
-        return NGX_AGAIN;
-    }
-
-    omni_hdr_decode(&h, b->pos);
-
-    if (omni_frame_check(&h, OMNI_DIR_TO_CLIENT) != NULL
-        || !(h.type == OMNI_F_DONE
-             || (h.type == OMNI_F_AUDIO && ngx_http_omni_spoken(ctx))
-             || (h.type == OMNI_F_TEXT
-                 && ctx->endpoint->kind != NGX_HTTP_OMNI_KIND_SPEECH)))
-    {
-        return NGX_DECLINED;
-    }
-
-    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                   "omni stream starts with frame type %ui",
-                   (ngx_uint_t) h.type);
-
-    u->headers_in.status_n = NGX_HTTP_OK;
-    u->headers_in.content_length_n = -1;
-    u->state->status = NGX_HTTP_OK;
-
-    if (ngx_http_omni_spoken(ctx)) {
-        if (ngx_http_omni_audio_header(r, ctx) != NGX_OK) {
-            return NGX_ERROR;
-        }
-
-    } else {
-        ngx_http_omni_set_content_type(r, &ngx_http_omni_sse_type);
-    }
-
-    if (ngx_http_omni_add_header(r, &cache_key, &cache_value) != NGX_OK
-        || ngx_http_omni_seed_header(r, ctx) != NGX_OK)
-    {
-        return NGX_ERROR;
-    }
-
-    return NGX_OK;
-}
-
-
-/*
  * One whole frame before the response header. NGX_AGAIN: read on;
  * NGX_OK: the response is set; NGX_HTTP_UPSTREAM_INVALID_HEADER;
  * NGX_ERROR.
@@ -439,7 +352,6 @@ static ngx_int_t
 ngx_http_omni_gather(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_str_t *text)
 {
-    ngx_buf_t    *b;
     ngx_chain_t  *cl;
 
     if (text->len == 0) {
@@ -449,62 +361,17 @@ ngx_http_omni_gather(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     cl = ctx->text_last;
 
     if (cl == NULL || (size_t) (cl->buf->end - cl->buf->last) < text->len) {
-
-        b = ngx_create_temp_buf(r->pool,
-                                ngx_max(text->len, NGX_HTTP_OMNI_TEXT_BUF));
-        if (b == NULL) {
-            return NGX_ERROR;
-        }
-
-        cl = ngx_alloc_chain_link(r->pool);
+        cl = ngx_http_omni_chain_add(r, &ctx->text, &ctx->text_last,
+                                     ngx_max(text->len,
+                                             NGX_HTTP_OMNI_TEXT_BUF));
         if (cl == NULL) {
             return NGX_ERROR;
         }
-
-        cl->buf = b;
-        cl->next = NULL;
-
-        if (ctx->text_last) {
-            ctx->text_last->next = cl;
-
-        } else {
-            ctx->text = cl;
-        }
-
-        ctx->text_last = cl;
     }
 
     cl->buf->last = ngx_cpymem(cl->buf->last, text->data, text->len);
 
     return NGX_OK;
-}
-
-
-/* MODELS_R: OpenAI's model list, or the one model the URI names */
-
-ngx_int_t
-ngx_http_omni_models_reply(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
-    ngx_str_t *payload)
-{
-    ngx_buf_t              *b;
-    ngx_int_t               rc;
-    ngx_http_omni_error_t   err;
-
-    ngx_memzero(&err, sizeof(ngx_http_omni_error_t));
-
-    rc = ngx_http_omni_models_json(r, ctx, payload->data, payload->len,
-                                   &b, &err);
-
-    if (rc == NGX_DECLINED) {
-        return ngx_http_omni_reply_error(r, ctx, &err);
-    }
-
-    if (rc != NGX_OK) {
-        return ngx_http_omni_invalid_frame(r, ctx, "MODELS_R");
-    }
-
-    return ngx_http_omni_reply_buf(r, ctx, NGX_HTTP_OK,
-                                   &ngx_http_omni_json_type, b);
 }
 
 

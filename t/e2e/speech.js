@@ -10,10 +10,11 @@
 //                     the upstream answers with (the stand-in engine); ""
 //                     for the real engine, where only the shape is checked
 //
-// Prints TAP ("ok N - name" / "not ok N - name"); exits 0 when all passed.
+// Prints TAP (tap.js); exits 0 when all passed.
 'use strict';
 
 const mod = require('openai');
+const { ok, is, run } = require('./tap.js');
 const OpenAI = mod.OpenAI || mod.default || mod;
 
 const model = process.env.OMNI_MODEL_ID;
@@ -22,19 +23,6 @@ const expect = process.env.OMNI_AUDIO_EXPECT
 const client = new OpenAI({ baseURL: process.env.OMNI_BASE_URL,
                             apiKey: 'sk-unused', maxRetries: 0,
                             timeout: 60000 });
-
-let n = 0, failed = 0;
-function ok(cond, name, extra) {
-    n++;
-    if (!cond) failed++;
-    console.log(`${cond ? 'ok' : 'not ok'} ${n} - ${name}`);
-    if (!cond && extra !== undefined) {
-        console.log('# ' + JSON.stringify(extra).slice(0, 2000));
-    }
-}
-function is(got, want, name) {
-    ok(got === want, name, { got, want });
-}
 
 // The audio as the upstream sent it, exactly (stand-in) or by its shape.
 function audioIs(buf, format, name) {
@@ -118,11 +106,4 @@ async function main() {
        'chat audio stream: usage', usage);
 }
 
-main().then(() => {
-    console.log(`1..${n}`);
-    process.exit(failed ? 1 : 0);
-}, (e) => {
-    ok(false, `uncaught: ${e && e.stack || e}`);
-    console.log(`1..${n}`);
-    process.exit(1);
-});
+run(main);

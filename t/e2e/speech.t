@@ -17,6 +17,7 @@ use Test::More;
 use JSON::PP;
 use MIME::Base64 qw(encode_base64);
 use t::lib::OmniServer;
+use t::lib::NodeTap;
 use t::lib::FakeEngine;
 
 my $npm = $ENV{OMNI_NPM_DIR}
@@ -48,22 +49,7 @@ local $ENV{NODE_PATH} = "$npm/node_modules";
 local $ENV{OMNI_BASE_URL} = "http://127.0.0.1:$s->{port}/v1";
 local $ENV{OMNI_MODEL_ID} = $model;
 local $ENV{OMNI_AUDIO_EXPECT} = $expect;
-my @out = `node t/e2e/speech.js 2>&1`;
-my $rc = $? >> 8;
-
-my $n = 0;
-for (@out) {
-    if (/^(not )?ok \d+ - (.*)$/) {
-        ok(!$1, "openai npm: $2");
-        $n++;
-    } elsif (/^# (.*)/) {
-        diag($1);
-    } elsif (!/^1\.\.\d+$/) {
-        diag($_);
-    }
-}
-ok($n >= 20, "speech.js ran its checks ($n)");
-is($rc, 0, 'speech.js exit status');
+node_tap('t/e2e/speech.js', 'openai npm', 20);
 
 my $log = main::slurp("$s->{prefix}/logs/error.log");
 my @bad = grep { /\[(error|crit|alert|emerg)\]/ } split /\n/, $log;
