@@ -390,7 +390,14 @@ ngx_http_omni_speech_voice(ngx_http_request_t *r, yajl_val o, char *param,
                                      param);
     }
 
-    if (YAJL_IS_STRING(v) && v->u.string[0] != '\0') {
+    if (YAJL_IS_STRING(v)) {
+
+        if (v->u.string[0] == '\0') {
+            return ngx_http_omni_invalid(r, err, param, "empty_string",
+                                         "Invalid '%s': empty string. "
+                                         "Expected a voice name.", param);
+        }
+
         sp->voice = v->u.string;
         return NGX_OK;
     }

@@ -158,6 +158,7 @@ is(join('', map { decode_base64($_) } @b64), fake_audio('mp3'),
  "POST /v1/audio/speech\n" . ::encode_json({ model => $::M, input => 'x' }),
  ::speech(voice => { id => 'voice_1234' }),
  ::speech(voice => 7),
+ ::speech(voice => ''),
  ::speech(response_format => 'ogg'),
  ::speech(speed => 0.1),
  ::speech(speed => 5),
@@ -168,7 +169,7 @@ is(join('', map { decode_base64($_) } @b64), fake_audio('mp3'),
  ::speech(stream => 'yes'),
  "POST /v1/audio/speech\n[1]"]
 --- error_code eval
-[(400) x 17]
+[(400) x 18]
 --- check
 my @want = (
     ['model', 'missing_required_parameter', qr/model/],
@@ -179,6 +180,7 @@ my @want = (
     ['voice', 'missing_required_parameter', qr/'voice'/],
     ['voice', 'invalid_value', qr/unknown custom voice 'voice_1234'/],
     ['voice', 'invalid_type', qr/'voice'/],
+    ['voice', 'empty_string', qr/empty string/],
     ['response_format', 'invalid_value', qr/'ogg'.*'mp3', 'opus', 'aac', 'flac', 'wav' and 'pcm'/],
     ['speed', 'invalid_value', qr/0\.1 is out of range/],
     ['speed', 'invalid_value', qr/5 is out of range/],
@@ -288,6 +290,11 @@ Time::HiRes::sleep(1.3);
 my $r = post_json('/v1/audio/speech', { model => $::M, input => 'x',
                                           voice => 'alloy' });
 is($r->{status}, 200, "$name: the next request is answered");
+require HTTP::Tiny;
+my $m = HTTP::Tiny->new->get('http://127.0.0.1:'
+    . Test::Nginx::Util::server_port() . '/metrics')->{content};
+like($m, qr/^omni_nginx_client_aborts_total 1$/m,
+     "$name: counted as a client abort");
 --- no_error_log
 [alert]
 [crit]
