@@ -19,8 +19,8 @@
  *   ngx_http_omni_upstream.c  upstream callbacks: the REQUEST or control
  *                             frame out, the frame parser, the response
  *                             decided from the first frames
- *   ngx_http_omni_sse.c       a stream after its header: each engine
- *                             frame one SSE event
+ *   ngx_http_omni_sse.c       a stream: its start (the header), then
+ *                             each engine frame one SSE event
  *   ngx_http_omni_audio.c     AUDIO frames out: raw audio bytes, speech
  *                             SSE events, chat audio chunks and the
  *                             non-streaming chat answer's "audio"
