@@ -272,6 +272,10 @@ ngx_http_omni_audio_pieces(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_int_t  rc;
     ngx_str_t  first, rest;
 
+    if (ngx_http_omni_stream_role(r, ctx) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
     send = ctx->carry_len + payload->len;
     send -= send % 6;
 

@@ -238,3 +238,20 @@ my @ev = sse_events($body);
 is($ev[-1]{error}{code}, 'stage_failed', "$name: the engine's error last");
 like($body, qr/\A(?:data: [^\n]*\n\n)+\z/, "$name: whole events only");
 unlike($body, qr/\[DONE\]/, "$name: no [DONE]");
+
+
+
+=== TEST 10: audio before any transcript: the role chunk still comes first, the id with the audio
+--- request eval
+::chat('audio-first', stream => JSON::PP::true)
+--- error_code: 200
+--- check
+my @ev = sse_events($body);
+is_deeply($ev[0]{choices}[0]{delta}, { role => 'assistant', content => undef,
+                                       refusal => undef }, "$name: role first");
+my $a = $ev[1]{choices}[0]{delta}{audio};
+like($a->{id}, qr/^$::AID$/, "$name: the id with the first audio");
+is(MIME::Base64::decode_base64($a->{data}), 'abcdef', "$name: the audio");
+is_deeply($ev[2]{choices}[0]{delta}, { audio => { transcript => 'x' } },
+          "$name: then the transcript, without the id");
+is($ev[-1], '[DONE]', "$name: [DONE]");

@@ -25,6 +25,7 @@
 #   audio-error           AUDIO "abc", then ERROR 503 server_error /
 #                         stage_failed
 #   audio-close           AUDIO "abc", then closes without DONE
+#   audio-first           AUDIO "abcdef", then TEXT "x", DONE
 #   voice-error           ERROR 400 invalid_request_error, param
 #                         "audio.voice", as the engine names it
 #   big-audio             17 MiB of AUDIO in 64 KiB frames, then DONE
@@ -129,6 +130,8 @@ sub speak {
     } elsif ($what eq 'audio-close') {
         $out->(frame(17, 'abc'));
         sleep 0.05;
+    } elsif ($what eq 'audio-first') {
+        $out->(frame(17, 'abcdef') . frame(16, 'x') . done_frame(1, 0, 1, 1));
     } elsif ($what eq 'voice-error') {
         $out->(error_frame(400, 'invalid_request_error', 'audio.voice',
                            'invalid_value', "Unknown voice 'nobody'."));
