@@ -53,6 +53,14 @@ static ngx_http_core_loc_conf_t *ngx_http_omni_enable(ngx_conf_t *cf,
     ngx_http_omni_loc_conf_t *olcf);
 
 
+/* omni_speech_mode: the engine's "audio.mode" when a request names none */
+static ngx_conf_enum_t  ngx_http_omni_speech_modes[] = {
+    { ngx_string("latency"), NGX_HTTP_OMNI_SPEECH_LATENCY },
+    { ngx_string("quality"), NGX_HTTP_OMNI_SPEECH_QUALITY },
+    { ngx_null_string, 0 }
+};
+
+
 static ngx_command_t  ngx_http_omni_commands[] = {
 
     { ngx_string("omni_pass"),
@@ -103,6 +111,13 @@ static ngx_command_t  ngx_http_omni_commands[] = {
       NGX_HTTP_LOC_CONF_OFFSET,
       0,
       NULL },
+
+    { ngx_string("omni_speech_mode"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_enum_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_omni_loc_conf_t, speech_mode),
+      &ngx_http_omni_speech_modes },
 
     { ngx_string("omni_health"),
       NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
@@ -208,12 +223,11 @@ ngx_http_omni_endpoint_t  ngx_http_omni_endpoints[NGX_HTTP_OMNI_ENDPOINTS] = {
       ngx_http_omni_metrics_page,
       ngx_null_string, 1 },
 
-    /* not built yet: answered 501 once the key is checked */
     { ngx_string("audio/speech"), ngx_null_string,
       ngx_string("audio_speech"),
       NGX_HTTP_POST, ngx_string("POST"),
-      NGX_HTTP_OMNI_KIND_NONE, NULL,
-      0, 0, NULL, NULL,
+      NGX_HTTP_OMNI_KIND_SPEECH, ngx_http_omni_parse,
+      OMNI_F_REQUEST, 0, NULL, NULL,
       ngx_null_string, 0 }
 };
 
@@ -602,6 +616,7 @@ ngx_http_omni_create_loc_conf(ngx_conf_t *cf)
 
     conf->keepalive_interval = NGX_CONF_UNSET_MSEC;
     conf->health_timeout = NGX_CONF_UNSET_MSEC;
+    conf->speech_mode = NGX_CONF_UNSET_UINT;
     conf->api_keys = NGX_CONF_UNSET_PTR;
 
     /* the hardcoded values */
@@ -671,6 +686,9 @@ ngx_http_omni_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
 
     ngx_conf_merge_msec_value(conf->health_timeout,
                               prev->health_timeout, 3000);
+
+    ngx_conf_merge_uint_value(conf->speech_mode, prev->speech_mode,
+                              NGX_HTTP_OMNI_SPEECH_LATENCY);
 
     if (conf->endpoint && conf->endpoint->probe) {
         /* a stopped engine still accepts (the kernel does it) and never

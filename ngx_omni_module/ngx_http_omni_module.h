@@ -12,15 +12,22 @@
  *                             checked, normalized into the engine's JSON
  *   ngx_http_omni_params.c    the checks of single fields, the 400s'
  *                             words (ngx_http_omni_request.h: theirs)
+ *   ngx_http_omni_speech.c    speech requests in: /v1/audio/speech's
+ *                             body, chat's "audio" and "modalities"
  *   ngx_http_omni_json.c      yajl as the module uses it: the pre-scan
  *                             (json_scan.h), trees, yajl_gen helpers
  *   ngx_http_omni_upstream.c  upstream callbacks: the REQUEST or control
  *                             frame out, the frame parser, the response
  *                             decided from the first frames
- *   ngx_http_omni_sse.c       a stream after its header: each engine
- *                             frame one SSE event
+ *   ngx_http_omni_sse.c       a stream: its start (the header), then
+ *                             each engine frame one SSE event
+ *   ngx_http_omni_audio.c     AUDIO frames out: raw audio bytes, speech
+ *                             SSE events, chat audio chunks and the
+ *                             non-streaming chat answer's "audio"
  *   ngx_http_omni_openai.c    OpenAI JSON out: response bodies, SSE
- *                             chunks, errors, model lists
+ *                             chunks, errors
+ *   ngx_http_omni_models.c    the model list and the one model
+ *                             (MODELS_R)
  *   ngx_http_omni_output.c    unbuffered output: one event, one flush,
  *                             event buffers recycled; the idle keep-alive
  *                             comment; the header and body filters that
@@ -64,8 +71,33 @@ typedef enum {
     NGX_HTTP_OMNI_KIND_NONE = 0,    /* no body: the engine's models,
                                        health, metrics */
     NGX_HTTP_OMNI_KIND_CHAT,        /* messages in, chat.completion out */
-    NGX_HTTP_OMNI_KIND_COMPLETION   /* a prompt in, text_completion out */
+    NGX_HTTP_OMNI_KIND_COMPLETION,  /* a prompt in, text_completion out */
+    NGX_HTTP_OMNI_KIND_SPEECH       /* input in, audio (or speech.audio.*
+                                       SSE events) out */
 } ngx_http_omni_kind_e;
+
+
+/* /v1/audio/speech with stream_format "audio": the bytes themselves */
+#define ngx_http_omni_raw_audio(ctx)                                          \
+    ((ctx)->endpoint->kind == NGX_HTTP_OMNI_KIND_SPEECH && !(ctx)->req.sse)
+
+/* the response carries audio: speech, or chat with audio in modalities */
+#define ngx_http_omni_spoken(ctx)                                             \
+    ((ctx)->endpoint->kind == NGX_HTTP_OMNI_KIND_SPEECH || (ctx)->req.audio)
+
+
+/* omni_speech_mode and "speech_mode": the engine's "audio.mode" */
+typedef enum {
+    NGX_HTTP_OMNI_SPEECH_LATENCY = 0,
+    NGX_HTTP_OMNI_SPEECH_QUALITY
+} ngx_http_omni_speech_mode_e;
+
+
+/* A non-streaming chat answer's audio is held in r->pool until DONE, to
+ * be sent base64 in one JSON body: at most this many bytes (about 5
+ * minutes of 24 kHz pcm16); more fails the request with a 500 that says
+ * to stream instead. Streams hold nothing beyond the current event. */
+#define NGX_HTTP_OMNI_MAX_AUDIO  (16u << 20)
 
 
 /* An OpenAI error, ready to be sent as JSON (before the response header)
@@ -100,8 +132,14 @@ typedef struct {
                                                request.h) */
     ngx_str_t                   seed;       /* decimal: the client's, or
                                                the one drawn for it */
-    unsigned                    stream:1;
+    ngx_str_t                   audio_id;   /* chat audio out: "audio_" and
+                                               32 hex digits, minted here */
+    ngx_str_t                   format;     /* audio out: the client's name
+                                               of it ("pcm16", "mp3", ...) */
+    unsigned                    stream:1;   /* speech: always */
     unsigned                    include_usage:1;
+    unsigned                    audio:1;    /* chat: "audio" in modalities */
+    unsigned                    sse:1;      /* speech: stream_format "sse" */
 } ngx_http_omni_req_t;
 
 
@@ -186,6 +224,17 @@ struct ngx_http_omni_ctx_s {
                                                    gathered so far */
     ngx_chain_t                *text_last;      /* its last link */
     OmniDone                    usage;
+    ngx_chain_t                *audio;          /* non-streaming chat: audio
+                                                   gathered so far, in
+                                                   buffers of a multiple of
+                                                   3 bytes (base64) */
+    ngx_chain_t                *audio_last;
+    size_t                      audio_len;      /* its bytes */
+    u_char                      carry[6];       /* chat stream: pcm16 bytes
+                                                   short of a 6-byte piece */
+    size_t                      carry_len;
+    unsigned                    audio_started:1; /* first delta.audio out:
+                                                    the id went with it */
     ngx_chain_t                *out;            /* a whole body, made
                                                    before the header */
     ngx_chain_t                *free;           /* event buffers, sent */
@@ -213,6 +262,7 @@ typedef struct {
     ngx_msec_t                  health_timeout; /* omni_health_timeout */
     ngx_array_t                *api_keys;       /* of ngx_str_t, or NULL */
     ngx_str_t                   api_keys_file;
+    ngx_uint_t                  speech_mode;    /* omni_speech_mode */
 } ngx_http_omni_loc_conf_t;
 
 
@@ -238,9 +288,19 @@ extern ngx_module_t  ngx_http_omni_module;
  * sampling fields copied as given (the engine checks their types and
  * ranges and answers with an ERROR naming the param). ep->kind says
  * which. Returns NGX_OK, NGX_DECLINED with err filled (a 400), or
- * NGX_ERROR (no memory). The row's parser of chat and completions. */
+ * NGX_ERROR (no memory). The row's parser of chat and completions, and
+ * of /v1/audio/speech (its fields: ngx_http_omni_speech.c). */
 ngx_int_t ngx_http_omni_parse(ngx_http_request_t *r,
     ngx_http_omni_endpoint_t *ep, ngx_str_t *body, ngx_http_omni_req_t *req,
+    ngx_http_omni_error_t *err);
+
+
+/* ngx_http_omni_speech.c
+ *
+ * The speech endpoint's names for the engine's params of an ERROR
+ * ("audio.voice" is "voice" there); other endpoints' errors are left
+ * alone. */
+void ngx_http_omni_speech_error(ngx_http_omni_ctx_t *ctx,
     ngx_http_omni_error_t *err);
 
 
@@ -286,12 +346,36 @@ ngx_chain_t *ngx_http_omni_chunk_usage(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx);
 ngx_chain_t *ngx_http_omni_chunk_done(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx);              /* data: [DONE]\n\n */
-/* The engine's MODELS_R JSON as OpenAI's list, or one model when the URI
- * named one (ctx->model_id; NGX_DECLINED with err filled, a 404, when the
- * engine does not serve it). */
-ngx_int_t ngx_http_omni_models_json(ngx_http_request_t *r,
-    ngx_http_omni_ctx_t *ctx, u_char *json, size_t len, ngx_buf_t **out,
-    ngx_http_omni_error_t *err);
+/* usage {...} of ctx->usage at p, at most NGX_HTTP_OMNI_USAGE_LEN
+ * bytes; the finish reason of a choice; a whole answer's end,
+ * REASON"}],"usage":{...}}\n, at most NGX_HTTP_OMNI_END_LEN bytes. */
+#define NGX_HTTP_OMNI_USAGE_LEN  512        /* ample: 6 numbers in 250 */
+#define NGX_HTTP_OMNI_END_LEN                                                 \
+    (sizeof("length\"}],\"usage\":}\n") - 1 + NGX_HTTP_OMNI_USAGE_LEN)
+
+u_char *ngx_http_omni_usage(u_char *p, ngx_http_omni_ctx_t *ctx);
+ngx_str_t ngx_http_omni_finish(ngx_http_omni_ctx_t *ctx);
+u_char *ngx_http_omni_completion_end(u_char *p, ngx_http_omni_ctx_t *ctx);
+/* The pieces of chat.completion.chunk events, for ngx_http_omni_audio.c:
+ * one event of escaped text: "data: " head pre text post
+ * [,"usage":null] "}\n\n" (the head: id, object, created, model; usage
+ * null when usage_null and include_usage); the same in two steps, for a
+ * body of size bytes the caller writes; the head {"id","object",
+ * "created","model", (open) and its length; JSON string escaping. */
+ngx_chain_t *ngx_http_omni_event(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_str_t *pre, u_char *text, size_t len,
+    ngx_str_t *post, ngx_uint_t usage_null);
+ngx_chain_t *ngx_http_omni_event_start(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_str_t *pre, size_t size, ngx_str_t *post);
+void ngx_http_omni_event_end(ngx_http_omni_ctx_t *ctx, ngx_buf_t *b,
+    ngx_str_t *post, ngx_uint_t usage_null);
+size_t ngx_http_omni_head_len(ngx_http_omni_ctx_t *ctx, ngx_str_t *object);
+u_char *ngx_http_omni_head(u_char *p, ngx_http_omni_ctx_t *ctx,
+    ngx_str_t *object);
+u_char *ngx_http_omni_text(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
+    size_t *len);
+size_t ngx_http_omni_escape_len(u_char *s, size_t len);
+u_char *ngx_http_omni_escape(u_char *dst, u_char *s, size_t len);
 /* x-omni-seed on a chat or completions response about to start. */
 ngx_int_t ngx_http_omni_seed_header(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx);
@@ -328,18 +412,53 @@ ngx_int_t ngx_http_omni_parse_frame(ngx_http_request_t *r,
  * not an ERROR's. */
 ngx_int_t ngx_http_omni_error_frame(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, ngx_str_t *payload, ngx_http_omni_error_t *err);
-/* The endpoints' reply functions: MODELS_R (models, model). */
+
+
+/* ngx_http_omni_models.c: the reply function of the models rows
+ * (MODELS_R): OpenAI's list, or the model the URI names (ctx->model_id;
+ * a 404 when the engine does not serve it). */
 ngx_int_t ngx_http_omni_models_reply(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, ngx_str_t *payload);
 
 
 /* ngx_http_omni_sse.c */
+/* A stream's first frame, left in the buffer (process_header): NGX_OK,
+ * the header is set; NGX_AGAIN, no whole frame header yet; NGX_DECLINED,
+ * the frame is not part of a stream (process_header reads it); NGX_ERROR.
+ */
+ngx_int_t ngx_http_omni_stream_start(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx);
 /* The upstream input filter of a stream (u->input_filter_ctx is r). */
 ngx_int_t ngx_http_omni_input_filter(void *data, ssize_t bytes);
+/* A chat stream's role chunk, once. NGX_ERROR: the client is gone. */
+ngx_int_t ngx_http_omni_stream_role(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx);
 /* An error after the stream began: one error event, and the stream is
- * done. NGX_ERROR: the client is gone. */
+ * done. Raw audio (speech, stream_format "audio") has no events: the
+ * stream is cut, NGX_ERROR, and the connection closes without the last
+ * chunk, so that the client sees a truncated body. NGX_ERROR: the
+ * client is gone, or the stream is cut. */
 ngx_int_t ngx_http_omni_stream_error(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, ngx_http_omni_error_t *err);
+
+
+/* ngx_http_omni_audio.c */
+/* A stream's first frame (process_header): its Content-Type, once the
+ * engine answered with audio or text; NGX_ERROR: no memory. */
+ngx_int_t ngx_http_omni_audio_header(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx);
+/* A stream's AUDIO, TEXT and DONE when the response is spoken (speech,
+ * chat audio): NGX_OK, NGX_ERROR (the client is gone),
+ * NGX_HTTP_UPSTREAM_INVALID_HEADER. */
+ngx_int_t ngx_http_omni_audio_frame(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_str_t *payload);
+/* Non-streaming chat audio: AUDIO gathered (NGX_DECLINED with err filled,
+ * a 500, past NGX_HTTP_OMNI_MAX_AUDIO); the chat.completion body at
+ * DONE. */
+ngx_int_t ngx_http_omni_audio_gather(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_str_t *payload, ngx_http_omni_error_t *err);
+ngx_buf_t *ngx_http_omni_audio_json(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx);
 
 
 /* ngx_http_omni_error.c */
@@ -362,6 +481,10 @@ ngx_int_t ngx_http_omni_retry_after(ngx_http_request_t *r, ngx_uint_t status);
 
 
 /* ngx_http_omni_output.c */
+/* A new buffer of size bytes from r->pool linked at the end of the chain
+ * *first..*last; NULL: no memory. */
+ngx_chain_t *ngx_http_omni_chain_add(ngx_http_request_t *r,
+    ngx_chain_t **first, ngx_chain_t **last, size_t size);
 ngx_int_t ngx_http_omni_send_header(ngx_http_request_t *r,
     ngx_uint_t status, ngx_str_t *content_type, off_t content_length);
 /* An empty event buffer of at least size bytes, from ctx->free. */

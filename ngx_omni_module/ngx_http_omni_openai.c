@@ -20,36 +20,17 @@
 
 
 #define NGX_HTTP_OMNI_USAGE_FMT                                               \
-    "{\"prompt_tokens\":%uD,\"completion_tokens\":%uD,"                       \
+    "{\"prompt_tokens\":%uD,\"completion_tokens\":%uL,"                       \
     "\"total_tokens\":%uL,"                                                   \
     "\"prompt_tokens_details\":{\"cached_tokens\":%uD,\"audio_tokens\":0},"   \
     "\"completion_tokens_details\":{\"reasoning_tokens\":0,"                  \
-    "\"audio_tokens\":0,\"accepted_prediction_tokens\":0,"                    \
-    "\"rejected_prediction_tokens\":0}}"
-
-/* an upper bound: each conversion is shorter than NGX_INT64_LEN */
-#define NGX_HTTP_OMNI_USAGE_LEN                                               \
-    (sizeof(NGX_HTTP_OMNI_USAGE_FMT) - 1 + 4 * NGX_INT64_LEN)
+    "\"audio_tokens\":%uD,\"accepted_prediction_tokens\":0,"                   \
+    "\"rejected_prediction_tokens\":0"
 
 
-static ngx_chain_t *ngx_http_omni_event(ngx_http_request_t *r,
-    ngx_http_omni_ctx_t *ctx, ngx_str_t *pre, u_char *text, size_t len,
-    ngx_str_t *post, ngx_uint_t usage_null);
-static size_t ngx_http_omni_head_len(ngx_http_omni_ctx_t *ctx,
-    ngx_str_t *object);
-static u_char *ngx_http_omni_head(u_char *p, ngx_http_omni_ctx_t *ctx,
-    ngx_str_t *object);
-static ngx_str_t ngx_http_omni_finish(ngx_http_omni_ctx_t *ctx);
-static u_char *ngx_http_omni_text(ngx_http_request_t *r,
-    ngx_http_omni_ctx_t *ctx, size_t *len);
 static size_t ngx_http_omni_error_len(ngx_http_omni_error_t *err);
 static u_char *ngx_http_omni_error_write(u_char *p,
     ngx_http_omni_error_t *err);
-static ngx_uint_t ngx_http_omni_gen_model(yajl_gen g, yajl_val m);
-static ngx_int_t ngx_http_omni_model_missing(ngx_http_request_t *r,
-    ngx_http_omni_ctx_t *ctx, ngx_http_omni_error_t *err);
-static size_t ngx_http_omni_escape_len(u_char *s, size_t len);
-static u_char *ngx_http_omni_escape(u_char *dst, u_char *s, size_t len);
 
 
 /* ---- response bodies ---- */
@@ -115,8 +96,15 @@ ngx_http_omni_chunk_role(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
                                 "{\"role\":\"assistant\",\"content\":\"\","
                                 "\"refusal\":null},\"logprobs\":null,"
                                 "\"finish_reason\":null}]");
+    ngx_str_t  spoken = ngx_string("\"choices\":[{\"index\":0,\"delta\":"
+                                   "{\"role\":\"assistant\",\"content\":null,"
+                                   "\"refusal\":null},\"logprobs\":null,"
+                                   "\"finish_reason\":null}]");
 
-    return ngx_http_omni_event(r, ctx, &pre, NULL, 0, &post, 1);
+    /* a spoken answer's content stays null: its text is the transcript */
+
+    return ngx_http_omni_event(r, ctx, ctx->req.audio ? &spoken : &pre,
+                               NULL, 0, &post, 1);
 }
 
 
@@ -172,13 +160,7 @@ ngx_http_omni_chunk_usage(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
     ngx_str_t  pre = ngx_string("\"choices\":[],\"usage\":");
 
     usage.data = buf;
-    usage.len = ngx_sprintf(buf, NGX_HTTP_OMNI_USAGE_FMT,
-                            ctx->usage.prompt_tokens,
-                            ctx->usage.completion_tokens,
-                            (uint64_t) ctx->usage.prompt_tokens
-                            + ctx->usage.completion_tokens,
-                            ctx->usage.cached_tokens)
-                - buf;
+    usage.len = ngx_http_omni_usage(buf, ctx) - buf;
 
     return ngx_http_omni_event(r, ctx, &pre, NULL, 0, &usage, 0);
 }
@@ -216,7 +198,7 @@ ngx_http_omni_completion_json(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
 {
     u_char      *text;
     size_t       len, size;
-    ngx_str_t   *pre, *post, *object, reason;
+    ngx_str_t   *pre, *post, *object;
     ngx_buf_t   *b;
     ngx_str_t    chat_object = ngx_string("chat.completion");
     ngx_str_t    chat_pre = ngx_string("\"choices\":[{\"index\":0,"
@@ -247,11 +229,9 @@ ngx_http_omni_completion_json(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
         return NULL;
     }
 
-    reason = ngx_http_omni_finish(ctx);
-
     size = ngx_http_omni_head_len(ctx, object) + pre->len
-           + ngx_http_omni_escape_len(text, len) + post->len + reason.len
-           + sizeof("\"}],\"usage\":}\n") - 1 + NGX_HTTP_OMNI_USAGE_LEN;
+           + ngx_http_omni_escape_len(text, len) + post->len
+           + NGX_HTTP_OMNI_END_LEN;
 
     b = ngx_create_temp_buf(r->pool, size);
     if (b == NULL) {
@@ -262,20 +242,30 @@ ngx_http_omni_completion_json(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
     b->last = ngx_cpymem(b->last, pre->data, pre->len);
     b->last = ngx_http_omni_escape(b->last, text, len);
     b->last = ngx_cpymem(b->last, post->data, post->len);
-    b->last = ngx_cpymem(b->last, reason.data, reason.len);
-    b->last = ngx_cpymem(b->last, "\"}],\"usage\":",
-                         sizeof("\"}],\"usage\":") - 1);
-    b->last = ngx_sprintf(b->last, NGX_HTTP_OMNI_USAGE_FMT,
-                          ctx->usage.prompt_tokens,
-                          ctx->usage.completion_tokens,
-                          (uint64_t) ctx->usage.prompt_tokens
-                          + ctx->usage.completion_tokens,
-                          ctx->usage.cached_tokens);
-    *b->last++ = '}';
-    *b->last++ = '\n';
+    b->last = ngx_http_omni_completion_end(b->last, ctx);
     b->tag = (ngx_buf_tag_t) &ngx_http_omni_module;
 
     return b;
+}
+
+
+/* A whole answer's end: REASON"}],"usage":{...}}\n, at most
+ * NGX_HTTP_OMNI_END_LEN bytes. */
+
+u_char *
+ngx_http_omni_completion_end(u_char *p, ngx_http_omni_ctx_t *ctx)
+{
+    ngx_str_t  reason;
+
+    reason = ngx_http_omni_finish(ctx);
+
+    p = ngx_cpymem(p, reason.data, reason.len);
+    p = ngx_cpymem(p, "\"}],\"usage\":", sizeof("\"}],\"usage\":") - 1);
+    p = ngx_http_omni_usage(p, ctx);
+    *p++ = '}';
+    *p++ = '\n';
+
+    return p;
 }
 
 
@@ -286,12 +276,34 @@ ngx_http_omni_completion_json(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
  * the client asked for include_usage.
  */
 
-static ngx_chain_t *
+ngx_chain_t *
 ngx_http_omni_event(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_str_t *pre, u_char *text, size_t len, ngx_str_t *post,
     ngx_uint_t usage_null)
 {
-    size_t        size;
+    ngx_chain_t  *cl;
+
+    cl = ngx_http_omni_event_start(r, ctx, pre,
+                                   ngx_http_omni_escape_len(text, len), post);
+    if (cl == NULL) {
+        return NULL;
+    }
+
+    cl->buf->last = ngx_http_omni_escape(cl->buf->last, text, len);
+
+    ngx_http_omni_event_end(ctx, cl->buf, post, usage_null);
+
+    return cl;
+}
+
+
+/* An event's buffer: "data: " head pre written, room for size bytes of
+ * its own and for ngx_http_omni_event_end()'s. */
+
+ngx_chain_t *
+ngx_http_omni_event_start(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
+    ngx_str_t *pre, size_t size, ngx_str_t *post)
+{
     ngx_buf_t    *b;
     ngx_str_t    *object;
     ngx_chain_t  *cl;
@@ -300,12 +312,10 @@ ngx_http_omni_event(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 
     object = (ctx->endpoint->kind == NGX_HTTP_OMNI_KIND_CHAT)
              ? &chunk : &completion;
-    usage_null = usage_null && ctx->req.include_usage;
 
-    size = sizeof("data: ") - 1 + ngx_http_omni_head_len(ctx, object)
-           + pre->len + ngx_http_omni_escape_len(text, len) + post->len
-           + (usage_null ? sizeof(",\"usage\":null") - 1 : 0)
-           + sizeof("}\n\n") - 1;
+    size += sizeof("data: ") - 1 + ngx_http_omni_head_len(ctx, object)
+            + pre->len + post->len + sizeof(",\"usage\":null") - 1
+            + sizeof("}\n\n") - 1;
 
     cl = ngx_http_omni_event_buf(r, ctx, size);
     if (cl == NULL) {
@@ -317,24 +327,32 @@ ngx_http_omni_event(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     b->last = ngx_cpymem(b->last, "data: ", sizeof("data: ") - 1);
     b->last = ngx_http_omni_head(b->last, ctx, object);
     b->last = ngx_cpymem(b->last, pre->data, pre->len);
-    b->last = ngx_http_omni_escape(b->last, text, len);
-
-    if (post->len) {
-        b->last = ngx_cpymem(b->last, post->data, post->len);
-    }
-
-    if (usage_null) {
-        b->last = ngx_cpymem(b->last, ",\"usage\":null",
-                             sizeof(",\"usage\":null") - 1);
-    }
-
-    b->last = ngx_cpymem(b->last, "}\n\n", sizeof("}\n\n") - 1);
 
     return cl;
 }
 
 
-static size_t
+/* post [,"usage":null] }\n\n: usage_null adds "usage":null when the
+ * client asked for include_usage. */
+
+void
+ngx_http_omni_event_end(ngx_http_omni_ctx_t *ctx, ngx_buf_t *b,
+    ngx_str_t *post, ngx_uint_t usage_null)
+{
+    if (post->len) {
+        b->last = ngx_cpymem(b->last, post->data, post->len);
+    }
+
+    if (usage_null && ctx->req.include_usage) {
+        b->last = ngx_cpymem(b->last, ",\"usage\":null",
+                             sizeof(",\"usage\":null") - 1);
+    }
+
+    b->last = ngx_cpymem(b->last, "}\n\n", sizeof("}\n\n") - 1);
+}
+
+
+size_t
 ngx_http_omni_head_len(ngx_http_omni_ctx_t *ctx, ngx_str_t *object)
 {
     return sizeof("{\"id\":\"\",\"object\":\"\",\"created\":,\"model\":\"\",")
@@ -347,7 +365,7 @@ ngx_http_omni_head_len(ngx_http_omni_ctx_t *ctx, ngx_str_t *object)
 
 /* {"id":ID,"object":OBJECT,"created":N,"model":MODEL,  (open object) */
 
-static u_char *
+u_char *
 ngx_http_omni_head(u_char *p, ngx_http_omni_ctx_t *ctx, ngx_str_t *object)
 {
     p = ngx_cpymem(p, "{\"id\":\"", sizeof("{\"id\":\"") - 1);
@@ -362,7 +380,7 @@ ngx_http_omni_head(u_char *p, ngx_http_omni_ctx_t *ctx, ngx_str_t *object)
 }
 
 
-static ngx_str_t
+ngx_str_t
 ngx_http_omni_finish(ngx_http_omni_ctx_t *ctx)
 {
     ngx_str_t  stop = ngx_string("stop");
@@ -372,10 +390,38 @@ ngx_http_omni_finish(ngx_http_omni_ctx_t *ctx)
 }
 
 
+/* usage: completion_tokens counts the text and the speech units (DONE's
+ * audio_tokens) together, as OpenAI's audio answers do; text_tokens only
+ * when the answer was spoken. At most NGX_HTTP_OMNI_USAGE_LEN bytes. */
+
+u_char *
+ngx_http_omni_usage(u_char *p, ngx_http_omni_ctx_t *ctx)
+{
+    uint64_t  completion;
+
+    completion = (uint64_t) ctx->usage.completion_tokens
+                 + ctx->usage.audio_tokens;
+
+    p = ngx_sprintf(p, NGX_HTTP_OMNI_USAGE_FMT, ctx->usage.prompt_tokens,
+                    completion, ctx->usage.prompt_tokens + completion,
+                    ctx->usage.cached_tokens, ctx->usage.audio_tokens);
+
+    if (ctx->req.audio) {
+        p = ngx_sprintf(p, ",\"text_tokens\":%uD",
+                        ctx->usage.completion_tokens);
+    }
+
+    *p++ = '}';
+    *p++ = '}';
+
+    return p;
+}
+
+
 /* The text gathered for a non-streaming answer, contiguous: escaping
  * needs whole UTF-8 characters, and a chain may split one. */
 
-static u_char *
+u_char *
 ngx_http_omni_text(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     size_t *len)
 {
@@ -469,215 +515,6 @@ ngx_http_omni_error_write(u_char *p, ngx_http_omni_error_t *err)
 }
 
 
-/* ---- engine replies ---- */
-
-/*
- * The engine's {"data":[{"id","created","owned_by","max_model_len"}]}
- * becomes {"object":"list","data":[{"id","object":"model","created",
- * "owned_by"}]}\n, or, when the URI named one, the one model object whose
- * id is ctx->model_id. A reply that is not that shape is the engine's
- * fault: logged, NGX_ERROR.
- */
-
-ngx_int_t
-ngx_http_omni_models_json(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
-    u_char *json, size_t len, ngx_buf_t **out, ngx_http_omni_error_t *err)
-{
-    char                 *reason;
-    u_char                ebuf[256];
-    size_t                i, n;
-    yajl_gen              g;
-    yajl_val              root, data, m, id;
-    ngx_int_t             rc;
-    ngx_uint_t            s, syntax;
-    ngx_buf_t            *b;
-    const unsigned char  *buf;
-
-    reason = ngx_http_omni_prescan(json, len, &syntax);
-    if (reason != NULL) {
-        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                      "omni engine sent invalid models reply: %s", reason);
-        return NGX_ERROR;
-    }
-
-    ebuf[0] = '\0';
-
-    root = ngx_http_omni_tree(r, json, len, ebuf, sizeof(ebuf));
-    if (root == NULL) {
-        if (ebuf[0] != '\0') {
-            for (n = 0; ebuf[n] != '\0' && ebuf[n] != '\n'; n++) { /**/ }
-            ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                          "omni engine sent invalid models reply: %*s",
-                          n, ebuf);
-        }
-
-        return NGX_ERROR;
-    }
-
-    data = YAJL_IS_OBJECT(root) ? ngx_http_omni_member(root, "data") : NULL;
-
-    if (data == NULL || !YAJL_IS_ARRAY(data)) {
-        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                      "omni engine sent models reply without \"data\"");
-        yajl_tree_free(root);
-        return NGX_ERROR;
-    }
-
-    g = yajl_gen_alloc(NULL);
-    if (g == NULL) {
-        yajl_tree_free(root);
-        return NGX_ERROR;
-    }
-
-    rc = NGX_OK;
-    s = 0;
-
-    if (ctx->model_id.len) {
-        rc = NGX_DECLINED;
-
-        for (i = 0; i < data->u.array.len; i++) {
-            m = data->u.array.values[i];
-            id = YAJL_IS_OBJECT(m) ? ngx_http_omni_member(m, "id") : NULL;
-
-            if (id != NULL && YAJL_IS_STRING(id)
-                && ngx_strlen(id->u.string) == ctx->model_id.len
-                && ngx_memcmp(id->u.string, ctx->model_id.data,
-                              ctx->model_id.len) == 0)
-            {
-                s = ngx_http_omni_gen_model(g, m);
-                rc = NGX_OK;
-                break;
-            }
-        }
-
-        if (rc == NGX_DECLINED) {
-            rc = ngx_http_omni_model_missing(r, ctx, err);
-        }
-
-    } else {
-        s = yajl_gen_map_open(g);
-        s |= ngx_http_omni_gen_str(g, "object");
-        s |= ngx_http_omni_gen_str(g, "list");
-        s |= ngx_http_omni_gen_str(g, "data");
-        s |= yajl_gen_array_open(g);
-
-        for (i = 0; i < data->u.array.len; i++) {
-            s |= ngx_http_omni_gen_model(g, data->u.array.values[i]);
-        }
-
-        s |= yajl_gen_array_close(g);
-        s |= yajl_gen_map_close(g);
-    }
-
-    if (rc == NGX_OK && s == yajl_gen_status_ok) {
-        s = yajl_gen_get_buf(g, &buf, &n);
-    }
-
-    if (rc == NGX_OK && s != yajl_gen_status_ok) {
-        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                      "omni engine sent invalid model entry");
-        rc = NGX_ERROR;
-    }
-
-    if (rc == NGX_OK) {
-        b = ngx_create_temp_buf(r->pool, n + 1);
-
-        if (b == NULL) {
-            rc = NGX_ERROR;
-
-        } else {
-            b->last = ngx_cpymem(b->last, buf, n);
-            *b->last++ = '\n';
-            b->tag = (ngx_buf_tag_t) &ngx_http_omni_module;
-            *out = b;
-        }
-    }
-
-    yajl_gen_free(g);
-    yajl_tree_free(root);
-
-    return rc;
-}
-
-
-/* {"id","object":"model","created","owned_by"}; an entry without a string
- * id is invalid (yajl_gen_status_generation_complete stands for that). */
-
-static ngx_uint_t
-ngx_http_omni_gen_model(yajl_gen g, yajl_val m)
-{
-    yajl_val    id, v;
-    ngx_uint_t  s;
-
-    id = YAJL_IS_OBJECT(m) ? ngx_http_omni_member(m, "id") : NULL;
-
-    if (id == NULL || !YAJL_IS_STRING(id)) {
-        return yajl_gen_generation_complete;
-    }
-
-    s = yajl_gen_map_open(g);
-    s |= ngx_http_omni_gen_str(g, "id");
-    s |= ngx_http_omni_gen_value(g, id);
-    s |= ngx_http_omni_gen_str(g, "object");
-    s |= ngx_http_omni_gen_str(g, "model");
-    s |= ngx_http_omni_gen_str(g, "created");
-
-    v = ngx_http_omni_member(m, "created");
-
-    if (v != NULL && YAJL_IS_NUMBER(v)) {
-        s |= ngx_http_omni_gen_value(g, v);
-
-    } else {
-        s |= yajl_gen_integer(g, 0);
-    }
-
-    s |= ngx_http_omni_gen_str(g, "owned_by");
-
-    v = ngx_http_omni_member(m, "owned_by");
-
-    if (v != NULL && YAJL_IS_STRING(v)) {
-        s |= ngx_http_omni_gen_value(g, v);
-
-    } else {
-        s |= ngx_http_omni_gen_str(g, "ngx_omni");
-    }
-
-    return s | yajl_gen_map_close(g);
-}
-
-
-/* 404, in OpenAI's words: "The model 'x' does not exist". */
-
-static ngx_int_t
-ngx_http_omni_model_missing(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
-    ngx_http_omni_error_t *err)
-{
-    u_char  *p;
-
-    p = ngx_pnalloc(r->pool, sizeof("The model '' does not exist") - 1
-                             + ctx->model_id.len);
-    if (p == NULL) {
-        return NGX_ERROR;
-    }
-
-    err->message.data = p;
-    err->message.len = ngx_sprintf(p, "The model '%V' does not exist",
-                                   &ctx->model_id)
-                       - p;
-
-    err->status = NGX_HTTP_NOT_FOUND;
-    ngx_str_set(&err->type, "invalid_request_error");
-    ngx_str_set(&err->param, "model");
-    ngx_str_set(&err->code, "model_not_found");
-
-    ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
-                  "client asked for unknown omni model \"%V\"",
-                  &ctx->model_id);
-
-    return NGX_DECLINED;
-}
-
-
 /* ---- response headers ---- */
 
 /*
@@ -704,7 +541,7 @@ ngx_http_omni_seed_header(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
 /* Bytes s takes inside a JSON string: '"' '\\' and control characters
  * escaped, valid UTF-8 as it is, each invalid byte as U+FFFD. */
 
-static size_t
+size_t
 ngx_http_omni_escape_len(u_char *s, size_t len)
 {
     size_t   n, k;
@@ -744,7 +581,7 @@ ngx_http_omni_escape_len(u_char *s, size_t len)
 }
 
 
-static u_char *
+u_char *
 ngx_http_omni_escape(u_char *dst, u_char *s, size_t len)
 {
     size_t   k;

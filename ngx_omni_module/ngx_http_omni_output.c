@@ -186,6 +186,42 @@ ngx_http_omni_send_event(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 }
 
 
+/* A new buffer of size bytes, linked after *last (or as *first): the
+ * gathering of a non-streaming answer's text and audio. */
+
+ngx_chain_t *
+ngx_http_omni_chain_add(ngx_http_request_t *r, ngx_chain_t **first,
+    ngx_chain_t **last, size_t size)
+{
+    ngx_buf_t    *b;
+    ngx_chain_t  *cl;
+
+    b = ngx_create_temp_buf(r->pool, size);
+    if (b == NULL) {
+        return NULL;
+    }
+
+    cl = ngx_alloc_chain_link(r->pool);
+    if (cl == NULL) {
+        return NULL;
+    }
+
+    cl->buf = b;
+    cl->next = NULL;
+
+    if (*last) {
+        (*last)->next = cl;
+
+    } else {
+        *first = cl;
+    }
+
+    *last = cl;
+
+    return cl;
+}
+
+
 ngx_int_t
 ngx_http_omni_send_response(ngx_http_request_t *r, ngx_uint_t status,
     ngx_str_t *content_type, ngx_buf_t *b)

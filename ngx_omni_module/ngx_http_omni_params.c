@@ -140,15 +140,21 @@ ngx_http_omni_check_choices(ngx_http_request_t *r,
 }
 
 
-/* Text out only: modalities, audio, response_format. */
+/* Text out, or text and audio (ngx_http_omni_check_chat_audio()):
+ * modalities, audio, response_format. */
 
 ngx_int_t
 ngx_http_omni_check_output(ngx_http_request_t *r, yajl_val root,
+    ngx_http_omni_fields_t *f, ngx_http_omni_req_t *req,
     ngx_http_omni_error_t *err)
 {
-    char      *param, *more;
-    size_t     i, n;
-    yajl_val   v, m;
+    char        *param, *more;
+    size_t       i, n;
+    yajl_val     v, m;
+    ngx_int_t    rc;
+    ngx_uint_t   audio;
+
+    audio = 0;
 
     v = ngx_http_omni_member(root, "modalities");
 
@@ -165,7 +171,8 @@ ngx_http_omni_check_output(ngx_http_request_t *r, yajl_val root,
         }
 
         if (YAJL_IS_STRING(m) && ngx_strcmp(m->u.string, "audio") == 0) {
-            goto audio;
+            audio = 1;
+            continue;
         }
 
         param = ngx_http_omni_param(r, "modalities[%uz]", i, 0);
@@ -185,8 +192,9 @@ ngx_http_omni_check_output(ngx_http_request_t *r, yajl_val root,
                                      n, m->u.string, more);
     }
 
-    if (ngx_http_omni_member(root, "audio") != NULL) {
-        goto audio;
+    rc = ngx_http_omni_check_chat_audio(r, root, audio, f, req, err);
+    if (rc != NGX_OK) {
+        return rc;
     }
 
     v = ngx_http_omni_member(root, "response_format");
@@ -211,12 +219,6 @@ ngx_http_omni_check_output(ngx_http_request_t *r, yajl_val root,
                                      "Unsupported value: 'response_format' "
                                      "must be of type 'text'; structured "
                                      "output is not supported yet.");
-
-audio:
-
-    return ngx_http_omni_unsupported(r, err, "modalities",
-                                     "Unsupported value: audio output is "
-                                     "not supported yet.");
 }
 
 

@@ -38,6 +38,12 @@ static ngx_int_t ngx_http_omni_check_body(ngx_http_request_t *r,
     ngx_http_omni_kind_e kind, yajl_val root,
     ngx_http_omni_fields_t *f, ngx_http_omni_req_t *req,
     ngx_http_omni_error_t *err);
+static ngx_int_t ngx_http_omni_body_tree(ngx_http_request_t *r,
+    ngx_str_t *body, yajl_val *root, ngx_http_omni_error_t *err);
+static ngx_int_t ngx_http_omni_engine_request(ngx_http_request_t *r,
+    ngx_http_omni_kind_e kind, yajl_val root,
+    ngx_http_omni_fields_t *f, ngx_http_omni_req_t *req,
+    ngx_http_omni_error_t *err);
 static ngx_int_t ngx_http_omni_check_messages(ngx_http_request_t *r,
     yajl_val root, ngx_http_omni_fields_t *f, ngx_http_omni_error_t *err);
 static ngx_int_t ngx_http_omni_check_part(ngx_http_request_t *r,
@@ -47,10 +53,6 @@ static ngx_int_t ngx_http_omni_check_prompt(ngx_http_request_t *r,
 static ngx_int_t ngx_http_omni_check_stream(ngx_http_request_t *r,
     yajl_val root, ngx_http_omni_req_t *req, ngx_http_omni_error_t *err);
 
-static ngx_int_t ngx_http_omni_engine_request(ngx_http_request_t *r,
-    ngx_http_omni_kind_e kind, yajl_val root,
-    ngx_http_omni_fields_t *f, ngx_http_omni_req_t *req,
-    ngx_http_omni_error_t *err);
 static ngx_uint_t ngx_http_omni_gen_request(yajl_gen g,
     ngx_http_omni_kind_e kind, yajl_val root,
     ngx_http_omni_fields_t *f);
@@ -81,13 +83,43 @@ ngx_int_t
 ngx_http_omni_parse(ngx_http_request_t *r, ngx_http_omni_endpoint_t *ep,
     ngx_str_t *body, ngx_http_omni_req_t *req, ngx_http_omni_error_t *err)
 {
-    u_char                   ebuf[256];
     yajl_val                 root;
     ngx_int_t                rc;
     ngx_http_omni_fields_t   f;
 
     ngx_memzero(req, sizeof(ngx_http_omni_req_t));
     ngx_memzero(&f, sizeof(ngx_http_omni_fields_t));
+
+    rc = ngx_http_omni_body_tree(r, body, &root, err);
+    if (rc != NGX_OK) {
+        return rc;
+    }
+
+    /* the tree is malloc()ed by yajl: one exit frees it */
+
+    rc = (ep->kind == NGX_HTTP_OMNI_KIND_SPEECH)
+         ? ngx_http_omni_speech_check(r, root, &f, req, err)
+         : ngx_http_omni_check_body(r, ep->kind, root, &f, req, err);
+
+    if (rc == NGX_OK) {
+        rc = ngx_http_omni_engine_request(r, ep->kind, root, &f, req, err);
+    }
+
+    yajl_tree_free(root);
+
+    return rc;
+}
+
+
+/* The body pre-scanned, then yajl's tree of it in *root, a JSON object;
+ * the caller frees it with yajl_tree_free() when NGX_OK. */
+
+static ngx_int_t
+ngx_http_omni_body_tree(ngx_http_request_t *r, ngx_str_t *body,
+    yajl_val *root, ngx_http_omni_error_t *err)
+{
+    u_char     ebuf[256];
+    ngx_int_t  rc;
 
     rc = ngx_http_omni_scan(r, body, err);
     if (rc != NGX_OK) {
@@ -96,8 +128,8 @@ ngx_http_omni_parse(ngx_http_request_t *r, ngx_http_omni_endpoint_t *ep,
 
     ebuf[0] = '\0';
 
-    root = ngx_http_omni_tree(r, body->data, body->len, ebuf, sizeof(ebuf));
-    if (root == NULL) {
+    *root = ngx_http_omni_tree(r, body->data, body->len, ebuf, sizeof(ebuf));
+    if (*root == NULL) {
         if (ebuf[0] == '\0') {
             return NGX_ERROR;
         }
@@ -105,15 +137,16 @@ ngx_http_omni_parse(ngx_http_request_t *r, ngx_http_omni_endpoint_t *ep,
         return ngx_http_omni_bad_json(r, ebuf, err);
     }
 
-    /* the tree is malloc()ed by yajl: one exit frees it */
-
-    rc = ngx_http_omni_check_body(r, ep->kind, root, &f, req, err);
-
-    if (rc == NGX_OK) {
-        rc = ngx_http_omni_engine_request(r, ep->kind, root, &f, req, err);
+    if (YAJL_IS_OBJECT(*root)) {
+        return NGX_OK;
     }
 
-    yajl_tree_free(root);
+    rc = ngx_http_omni_invalid(r, err, NULL, "invalid_type",
+                               "Invalid type for the request body: "
+                               "expected a JSON object, but got %s "
+                               "instead.", ngx_http_omni_type(*root));
+
+    yajl_tree_free(*root);
 
     return rc;
 }
@@ -181,35 +214,10 @@ ngx_http_omni_check_body(ngx_http_request_t *r, ngx_http_omni_kind_e kind,
     ngx_http_omni_error_t *err)
 {
     ngx_int_t  rc;
-    ngx_str_t  model;
 
-    if (!YAJL_IS_OBJECT(root)) {
-        return ngx_http_omni_invalid(r, err, NULL, "invalid_type",
-                                     "Invalid type for the request body: "
-                                     "expected a JSON object, but got %s "
-                                     "instead.", ngx_http_omni_type(root));
-    }
-
-    f->model = ngx_http_omni_member(root, "model");
-
-    if (f->model != NULL && !YAJL_IS_STRING(f->model)) {
-        return ngx_http_omni_invalid_type(r, err, "model", "a string",
-                                          f->model);
-    }
-
-    if (f->model == NULL || f->model->u.string[0] == '\0') {
-        return ngx_http_omni_invalid(r, err, "model",
-                                     "missing_required_parameter",
-                                     "you must provide a model parameter");
-    }
-
-    model.len = ngx_strlen(f->model->u.string);
-    model.data = (u_char *) f->model->u.string;
-
-    req->model.len = model.len;
-    req->model.data = ngx_pstrdup(r->pool, &model);
-    if (req->model.data == NULL) {
-        return NGX_ERROR;
+    rc = ngx_http_omni_check_model(r, root, f, req, err);
+    if (rc != NGX_OK) {
+        return rc;
     }
 
     rc = (kind == NGX_HTTP_OMNI_KIND_CHAT)
@@ -229,7 +237,7 @@ ngx_http_omni_check_body(ngx_http_request_t *r, ngx_http_omni_kind_e kind,
     }
 
     if (rc == NGX_OK) {
-        rc = ngx_http_omni_check_output(r, root, err);
+        rc = ngx_http_omni_check_output(r, root, f, req, err);
     }
 
     if (rc == NGX_OK) {
@@ -249,6 +257,38 @@ ngx_http_omni_check_body(ngx_http_request_t *r, ngx_http_omni_kind_e kind,
     }
 
     return rc;
+}
+
+
+/* model: a non-empty string, kept in req->model for the response. */
+
+ngx_int_t
+ngx_http_omni_check_model(ngx_http_request_t *r, yajl_val root,
+    ngx_http_omni_fields_t *f, ngx_http_omni_req_t *req,
+    ngx_http_omni_error_t *err)
+{
+    ngx_str_t  model;
+
+    f->model = ngx_http_omni_member(root, "model");
+
+    if (f->model != NULL && !YAJL_IS_STRING(f->model)) {
+        return ngx_http_omni_invalid_type(r, err, "model", "a string",
+                                          f->model);
+    }
+
+    if (f->model == NULL || f->model->u.string[0] == '\0') {
+        return ngx_http_omni_invalid(r, err, "model",
+                                     "missing_required_parameter",
+                                     "you must provide a model parameter");
+    }
+
+    model.len = ngx_strlen(f->model->u.string);
+    model.data = (u_char *) f->model->u.string;
+
+    req->model.len = model.len;
+    req->model.data = ngx_pstrdup(r->pool, &model);
+
+    return (req->model.data == NULL) ? NGX_ERROR : NGX_OK;
 }
 
 
@@ -518,7 +558,8 @@ ngx_http_omni_engine_request(ngx_http_request_t *r,
 
 /*
  * {"model", "messages" | "prompt", "max_tokens", sampling fields as given,
- *  "cache_salt", "seed"}. The yajl_gen statuses are or-ed:
+ *  "cache_salt", "seed", "audio" when spoken}; speech: {"model", "input",
+ *  "audio"}. The yajl_gen statuses are or-ed:
  * yajl_gen_status_ok is 0, so any failure leaves the result nonzero.
  */
 
@@ -533,6 +574,19 @@ ngx_http_omni_gen_request(yajl_gen g, ngx_http_omni_kind_e kind,
 
     s |= ngx_http_omni_gen_str(g, "model");
     s |= ngx_http_omni_gen_value(g, f->model);
+
+    if (kind == NGX_HTTP_OMNI_KIND_SPEECH) {
+        s |= ngx_http_omni_gen_str(g, "input");
+        s |= ngx_http_omni_gen_value(g, f->input);
+        s |= ngx_http_omni_gen_audio(g, &f->speech);
+        s |= yajl_gen_map_close(g);
+
+        return s;
+    }
+
+    if (f->speech.on) {
+        s |= ngx_http_omni_gen_audio(g, &f->speech);
+    }
 
     if (kind == NGX_HTTP_OMNI_KIND_CHAT) {
         s |= ngx_http_omni_gen_str(g, "messages");
@@ -571,7 +625,7 @@ ngx_http_omni_gen_request(yajl_gen g, ngx_http_omni_kind_e kind,
 }
 
 
-/* Each message's role and content as given (the engine maps "developer"
+/* Each message's role, content and audio as given (the engine maps "developer"
  * and joins text parts); a message that is not an object goes as it is,
  * for the engine to name. */
 
@@ -605,6 +659,16 @@ ngx_http_omni_gen_messages(yajl_gen g, yajl_val msgs)
 
         if (v != NULL) {
             s |= ngx_http_omni_gen_str(g, "content");
+            s |= ngx_http_omni_gen_value(g, v);
+        }
+
+        /* an earlier spoken answer, {"id": ...}: the engine puts its
+         * transcript back */
+
+        v = ngx_http_omni_member(m, "audio");
+
+        if (v != NULL) {
+            s |= ngx_http_omni_gen_str(g, "audio");
             s |= ngx_http_omni_gen_value(g, v);
         }
 

@@ -27,10 +27,25 @@
 #define NGX_HTTP_OMNI_PARAM_MAX     64
 
 
+/* Speech out: the engine's "audio" object (engine/request/request.h).
+ * Strings are static or views into the tree. */
+typedef struct {
+    char                       *voice;
+    char                       *format;     /* the engine's name: "pcm" for
+                                               chat's "pcm16" */
+    char                       *mode;       /* "latency" or "quality" */
+    yajl_val                    speed;      /* NULL: the engine's default */
+    char                       *id;         /* chat: the minted audio id */
+    unsigned                    on:1;
+} ngx_http_omni_speech_t;
+
+
 /* What the checks found, for the engine request. */
 typedef struct {
     yajl_val                    model;
-    yajl_val                    input;      /* messages, or prompt string */
+    yajl_val                    input;      /* messages, prompt string, or
+                                               the text to speak */
+    ngx_http_omni_speech_t      speech;
     yajl_val                    salt;       /* prompt_cache_key, or NULL */
     int64_t                     max_tokens; /* 0: none */
     int64_t                     seed;       /* the client's, or drawn */
@@ -44,7 +59,24 @@ ngx_int_t ngx_http_omni_check_choices(ngx_http_request_t *r,
     ngx_http_omni_kind_e kind, yajl_val root,
     ngx_http_omni_error_t *err);
 ngx_int_t ngx_http_omni_check_output(ngx_http_request_t *r,
-    yajl_val root, ngx_http_omni_error_t *err);
+    yajl_val root, ngx_http_omni_fields_t *f, ngx_http_omni_req_t *req,
+    ngx_http_omni_error_t *err);
+ngx_int_t ngx_http_omni_check_model(ngx_http_request_t *r, yajl_val root,
+    ngx_http_omni_fields_t *f, ngx_http_omni_req_t *req,
+    ngx_http_omni_error_t *err);
+
+/* ngx_http_omni_speech.c: /v1/audio/speech's body (model, input, voice,
+ * response_format, speed, instructions, stream_format, speech_mode);
+ * chat's audio out (audio is 1 when modalities
+ * names it); the "audio" object of the engine's JSON (a yajl_gen
+ * status). */
+ngx_int_t ngx_http_omni_speech_check(ngx_http_request_t *r, yajl_val root,
+    ngx_http_omni_fields_t *f, ngx_http_omni_req_t *req,
+    ngx_http_omni_error_t *err);
+ngx_int_t ngx_http_omni_check_chat_audio(ngx_http_request_t *r,
+    yajl_val root, ngx_uint_t audio, ngx_http_omni_fields_t *f,
+    ngx_http_omni_req_t *req, ngx_http_omni_error_t *err);
+ngx_uint_t ngx_http_omni_gen_audio(yajl_gen g, ngx_http_omni_speech_t *sp);
 ngx_int_t ngx_http_omni_check_tools(ngx_http_request_t *r,
     yajl_val root, ngx_http_omni_error_t *err);
 ngx_int_t ngx_http_omni_check_legacy(ngx_http_request_t *r,

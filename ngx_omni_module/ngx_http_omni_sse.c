@@ -5,13 +5,15 @@
 
 
 /*
- * ngx_http_omni_sse.c -- a streaming response, once its header is out:
+ * ngx_http_omni_sse.c -- a streaming response: its start (the first
+ * frame that belongs to it sets the header, process_header's call), then
  * the upstream input filter reads the engine's frames (the resumable
  * parser of ngx_http_omni_upstream.c) and makes each an SSE event, sent
  * and flushed at once: the chat role chunk before the first text, a
  * chunk per TEXT, at DONE the finish chunk, the usage chunk if asked for
  * and [DONE]; an ERROR, or a failure of the engine, as one error event
- * that ends the stream. Apart from ngx_http_omni_upstream.c, which
+ * that ends the stream. Spoken responses' frames are
+ * ngx_http_omni_audio.c's. Apart from ngx_http_omni_upstream.c, which
  * decides the response from the first frames, because this is the part
  * that runs per token.
  */
@@ -26,10 +28,93 @@
 
 static ngx_int_t ngx_http_omni_stream_frame(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, ngx_str_t *payload);
-static ngx_int_t ngx_http_omni_stream_role(ngx_http_request_t *r,
-    ngx_http_omni_ctx_t *ctx);
 static ngx_int_t ngx_http_omni_stream_done(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, ngx_str_t *payload);
+
+
+/*
+ * A stream starts with the first frame that is part of it, left in the
+ * buffer for the input filter: TEXT or DONE; AUDIO when the answer is
+ * spoken. Speech has no text out: a TEXT before its audio is read and
+ * dropped (ngx_http_omni_header_frame()). NGX_OK: the header is set;
+ * NGX_AGAIN: no whole frame header yet; NGX_DECLINED: the parser reads
+ * this frame; NGX_ERROR.
+ */
+
+ngx_int_t
+ngx_http_omni_stream_start(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
+{
+    size_t                n;
+    ngx_buf_t            *b;
+    OmniFrameHdr          h;
+    ngx_http_upstream_t  *u;
+
+    static ngx_str_t  cache_key = ngx_string("Cache-Control");
+    static ngx_str_t  cache_value = ngx_string("no-cache");
+    static ngx_str_t  sse_type = ngx_string("text/event-stream; "
+                                            "charset=utf-8");
+
+    u = r->upstream;
+    b = &u->buffer;
+
+    n = b->last - b->pos;
+
+    if (n < OMNI_FRAME_HDR) {
+
+        /* the upstream module reads on after b->last: what is left of
+         * the buffer must hold the header's rest; a frame read whole
+         * (a dropped TEXT) restarts the read timeout */
+
+        if (b->pos != b->start) {
+            ngx_memmove(b->start, b->pos, n);
+            b->pos = b->start;
+            b->last = b->start + n;
+
+            if (n == 0) {
+                ngx_add_timer(u->peer.connection->read,
+                              u->conf->read_timeout);
+            }
+        }
+
+        return NGX_AGAIN;
+    }
+
+    omni_hdr_decode(&h, b->pos);
+
+    if (omni_frame_check(&h, OMNI_DIR_TO_CLIENT) != NULL
+        || !(h.type == OMNI_F_DONE
+             || (h.type == OMNI_F_AUDIO && ngx_http_omni_spoken(ctx))
+             || (h.type == OMNI_F_TEXT
+                 && ctx->endpoint->kind != NGX_HTTP_OMNI_KIND_SPEECH)))
+    {
+        return NGX_DECLINED;
+    }
+
+    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "omni stream starts with frame type %ui",
+                   (ngx_uint_t) h.type);
+
+    u->headers_in.status_n = NGX_HTTP_OK;
+    u->headers_in.content_length_n = -1;
+    u->state->status = NGX_HTTP_OK;
+
+    if (ngx_http_omni_spoken(ctx)) {
+        if (ngx_http_omni_audio_header(r, ctx) != NGX_OK) {
+            return NGX_ERROR;
+        }
+
+    } else {
+        ngx_http_omni_set_content_type(r, &sse_type);
+    }
+
+    if (ngx_http_omni_add_header(r, &cache_key, &cache_value) != NGX_OK
+        || ngx_http_omni_seed_header(r, ctx) != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
+}
 
 
 /* The event stream: each frame becomes one SSE event, sent at once. */
@@ -108,6 +193,13 @@ ngx_http_omni_stream_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_chain_t            *cl;
     ngx_http_omni_error_t   err;
 
+    if (ngx_http_omni_spoken(ctx)
+        && (ctx->frame.type == OMNI_F_AUDIO || ctx->frame.type == OMNI_F_TEXT
+            || ctx->frame.type == OMNI_F_DONE))
+    {
+        return ngx_http_omni_audio_frame(r, ctx, payload);
+    }
+
     switch (ctx->frame.type) {
 
     case OMNI_F_TEXT:
@@ -150,7 +242,7 @@ ngx_http_omni_stream_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 /* A chat stream's first chunk, the role, before its first text or its
  * end: once. NGX_OK, or NGX_ERROR (no memory, the client is gone). */
 
-static ngx_int_t
+ngx_int_t
 ngx_http_omni_stream_role(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
 {
     ngx_chain_t  *cl;
@@ -237,6 +329,13 @@ ngx_http_omni_stream_error(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 
     ctx->done = 1;
     ngx_http_omni_keepalive_stop(ctx);
+
+    if (ngx_http_omni_raw_audio(ctx)) {
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "omni audio cut after its start, the response ends "
+                      "without its last chunk: %V", &err->message);
+        return NGX_ERROR;
+    }
 
     cl = ngx_http_omni_error_event(r, ctx, err);
     if (cl == NULL) {

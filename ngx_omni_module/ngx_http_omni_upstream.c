@@ -16,7 +16,8 @@
  *
  * process_header decides the response from the first frames:
  *
- *   streaming request, first frame TEXT or DONE: 200 text/event-stream;
+ *   streaming request, first frame TEXT or DONE (AUDIO when spoken):
+ *       200 text/event-stream, or the audio's type (speech);
  *       the frames stay in the buffer for the input filter
  *       (ngx_http_omni_sse.c), which turns each one into an SSE event
  *       sent and flushed at once;
@@ -58,8 +59,6 @@ static void ngx_http_omni_finalize_request(ngx_http_request_t *r,
 
 static ngx_str_t  ngx_http_omni_json_type =
     ngx_string("application/json");
-static ngx_str_t  ngx_http_omni_sse_type =
-    ngx_string("text/event-stream; charset=utf-8");
 
 
 ngx_int_t
@@ -184,6 +183,11 @@ ngx_http_omni_reinit_request(ngx_http_request_t *r)
     ctx->done = 0;
     ctx->text = NULL;
     ctx->text_last = NULL;
+    ctx->audio = NULL;
+    ctx->audio_last = NULL;
+    ctx->audio_len = 0;
+    ctx->carry_len = 0;
+    ctx->audio_started = 0;
     ctx->out = NULL;
     ctx->err.status = 0;
 
@@ -197,52 +201,23 @@ ngx_http_omni_process_header(ngx_http_request_t *r)
     ngx_int_t             rc;
     ngx_buf_t            *b;
     ngx_str_t             payload;
-    OmniFrameHdr          h;
     ngx_http_upstream_t  *u;
     ngx_http_omni_ctx_t  *ctx;
-
-    static ngx_str_t  cache_key = ngx_string("Cache-Control");
-    static ngx_str_t  cache_value = ngx_string("no-cache");
 
     u = r->upstream;
     b = &u->buffer;
 
     ctx = ngx_http_get_module_ctx(r, ngx_http_omni_module);
 
-    if (ctx->req.stream && ctx->hdr_got == 0) {
-
-        /* the first frame decides; TEXT and DONE are left in the buffer */
-
-        if (b->last - b->pos < OMNI_FRAME_HDR) {
-            return NGX_AGAIN;
-        }
-
-        omni_hdr_decode(&h, b->pos);
-
-        if ((h.type == OMNI_F_TEXT || h.type == OMNI_F_DONE)
-            && omni_frame_check(&h, OMNI_DIR_TO_CLIENT) == NULL)
-        {
-            ngx_log_debug0(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                           "omni stream starts");
-
-            u->headers_in.status_n = NGX_HTTP_OK;
-            u->headers_in.content_length_n = -1;
-            u->state->status = NGX_HTTP_OK;
-
-            ngx_http_omni_set_content_type(r, &ngx_http_omni_sse_type);
-
-            if (ngx_http_omni_add_header(r, &cache_key, &cache_value)
-                != NGX_OK
-                || ngx_http_omni_seed_header(r, ctx) != NGX_OK)
-            {
-                return NGX_ERROR;
-            }
-
-            return NGX_OK;
-        }
-    }
-
     for ( ;; ) {
+
+        if (ctx->req.stream && ctx->hdr_got == 0) {
+            rc = ngx_http_omni_stream_start(r, ctx);
+
+            if (rc != NGX_DECLINED) {
+                return rc;
+            }
+        }
 
         rc = ngx_http_omni_parse_frame(r, ctx, &b->pos, b->last, &payload);
 
@@ -282,6 +257,7 @@ static ngx_int_t
 ngx_http_omni_header_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_str_t *payload)
 {
+    ngx_int_t                  rc;
     ngx_uint_t                 completion;
     ngx_http_omni_error_t      err;
     ngx_http_omni_endpoint_t  *ep;
@@ -306,11 +282,29 @@ ngx_http_omni_header_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
             break;
         }
 
+        if (ep->kind == NGX_HTTP_OMNI_KIND_SPEECH) {
+            return NGX_AGAIN;
+        }
+
         if (ngx_http_omni_gather(r, ctx, payload) != NGX_OK) {
             return NGX_ERROR;
         }
 
         return NGX_AGAIN;
+
+    case OMNI_F_AUDIO:
+        if (!completion || !ctx->req.audio || ctx->req.stream) {
+            break;
+        }
+
+        rc = ngx_http_omni_audio_gather(r, ctx, payload, &err);
+
+        if (rc == NGX_DECLINED) {
+            ctx->done = 1;
+            return ngx_http_omni_reply_error(r, ctx, &err);
+        }
+
+        return (rc == NGX_OK) ? NGX_AGAIN : NGX_ERROR;
 
     case OMNI_F_DONE:
         if (!completion) {
@@ -329,7 +323,9 @@ ngx_http_omni_header_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 
         return ngx_http_omni_reply_buf(r, ctx, NGX_HTTP_OK,
                                        &ngx_http_omni_json_type,
-                                       ngx_http_omni_completion_json(r, ctx));
+                                       ctx->req.audio
+                                       ? ngx_http_omni_audio_json(r, ctx)
+                                       : ngx_http_omni_completion_json(r, ctx));
 
     case OMNI_F_ERROR:
         if (ngx_http_omni_error_frame(r, ctx, payload, &err) != NGX_OK) {
@@ -356,7 +352,6 @@ static ngx_int_t
 ngx_http_omni_gather(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_str_t *text)
 {
-    ngx_buf_t    *b;
     ngx_chain_t  *cl;
 
     if (text->len == 0) {
@@ -366,62 +361,17 @@ ngx_http_omni_gather(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     cl = ctx->text_last;
 
     if (cl == NULL || (size_t) (cl->buf->end - cl->buf->last) < text->len) {
-
-        b = ngx_create_temp_buf(r->pool,
-                                ngx_max(text->len, NGX_HTTP_OMNI_TEXT_BUF));
-        if (b == NULL) {
-            return NGX_ERROR;
-        }
-
-        cl = ngx_alloc_chain_link(r->pool);
+        cl = ngx_http_omni_chain_add(r, &ctx->text, &ctx->text_last,
+                                     ngx_max(text->len,
+                                             NGX_HTTP_OMNI_TEXT_BUF));
         if (cl == NULL) {
             return NGX_ERROR;
         }
-
-        cl->buf = b;
-        cl->next = NULL;
-
-        if (ctx->text_last) {
-            ctx->text_last->next = cl;
-
-        } else {
-            ctx->text = cl;
-        }
-
-        ctx->text_last = cl;
     }
 
     cl->buf->last = ngx_cpymem(cl->buf->last, text->data, text->len);
 
     return NGX_OK;
-}
-
-
-/* MODELS_R: OpenAI's model list, or the one model the URI names */
-
-ngx_int_t
-ngx_http_omni_models_reply(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
-    ngx_str_t *payload)
-{
-    ngx_buf_t              *b;
-    ngx_int_t               rc;
-    ngx_http_omni_error_t   err;
-
-    ngx_memzero(&err, sizeof(ngx_http_omni_error_t));
-
-    rc = ngx_http_omni_models_json(r, ctx, payload->data, payload->len,
-                                   &b, &err);
-
-    if (rc == NGX_DECLINED) {
-        return ngx_http_omni_reply_error(r, ctx, &err);
-    }
-
-    if (rc != NGX_OK) {
-        return ngx_http_omni_invalid_frame(r, ctx, "MODELS_R");
-    }
-
-    return ngx_http_omni_reply_buf(r, ctx, NGX_HTTP_OK,
-                                   &ngx_http_omni_json_type, b);
 }
 
 
@@ -527,6 +477,8 @@ ngx_http_omni_error_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     {
         return NGX_ERROR;
     }
+
+    ngx_http_omni_speech_error(ctx, err);
 
     ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
                   "omni engine error %ui%s: \"%V\"", err->status,
@@ -654,6 +606,16 @@ ngx_http_omni_input_filter_init(void *data)
         u->out_bufs = ctx->out;
         u->length = 0;
 
+        return NGX_OK;
+    }
+
+    if (ngx_http_omni_raw_audio(ctx)) {
+
+        /* audio bytes: no keep-alive comments; an engine that closes
+         * before DONE is a premature close (a 502 to the upstream
+         * module), which ends the response without its last chunk */
+
+        u->length = NGX_MAX_OFF_T_VALUE;
         return NGX_OK;
     }
 

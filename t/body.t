@@ -712,7 +712,7 @@ my @first = (
           . "Transfer-Encoding: chunked\r\n\r\n$ch"],
     [200, "GET /v1/models HTTP/1.1\r\nHost: x\r\n"
           . "Content-Length: " . length($cl) . "\r\n\r\n$cl"],
-    [501, "POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\n"
+    [400, "POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\n"
           . "Transfer-Encoding: chunked\r\n\r\n$ch"],
 );
 for my $f (@first) {

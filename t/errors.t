@@ -289,12 +289,11 @@ error_is($json, 'invalid_request_error', 'tools', 'unsupported_parameter',
 
 
 
-=== TEST 29: audio output is refused
+=== TEST 29: audio output without its "audio" parameter is refused
 --- request eval
-::chat(modalities => ['text', 'audio'], audio => { voice => 'alloy',
-       format => 'pcm16' })
+::chat(modalities => ['text', 'audio'])
 --- check
-error_is($json, 'invalid_request_error', 'modalities', 'unsupported_value',
+error_is($json, 'invalid_request_error', 'audio', 'missing_required_parameter',
          $name);
 
 

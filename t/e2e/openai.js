@@ -8,10 +8,11 @@
 //                    used here ({"chat": ..., "completion": ...})
 //   OMNI_API_KEY     a key the server accepts (when it checks keys)
 //
-// Prints TAP ("ok N - name" / "not ok N - name"); exits 0 when all passed.
+// Prints TAP (tap.js); exits 0 when all passed.
 'use strict';
 
 const mod = require('openai');
+const { ok, is, run } = require('./tap.js');
 const OpenAI = mod.OpenAI || mod.default || mod;
 const APIError = mod.APIError || OpenAI.APIError;
 
@@ -20,19 +21,6 @@ const model = process.env.OMNI_MODEL_ID;
 const expect = JSON.parse(process.env.OMNI_EXPECT || '{}');
 const client = new OpenAI({ baseURL: base, apiKey: process.env.OMNI_API_KEY
                             || 'sk-unused', maxRetries: 0, timeout: 60000 });
-
-let n = 0, failed = 0;
-function ok(cond, name, extra) {
-    n++;
-    if (!cond) failed++;
-    console.log(`${cond ? 'ok' : 'not ok'} ${n} - ${name}`);
-    if (!cond && extra !== undefined) {
-        console.log('# ' + JSON.stringify(extra).slice(0, 2000));
-    }
-}
-function is(got, want, name) {
-    ok(got === want, name, { got, want });
-}
 
 // The request failed with APIError of this status; returns the error.
 async function apiError(name, status, fn) {
@@ -164,11 +152,4 @@ async function main() {
     }
 }
 
-main().then(() => {
-    console.log(`1..${n}`);
-    process.exit(failed ? 1 : 0);
-}, (err) => {
-    ok(false, `unexpected exception: ${err && err.stack ? err.stack : err}`);
-    console.log(`1..${n}`);
-    process.exit(1);
-});
+run(main);

@@ -13,6 +13,7 @@ use lib '.';
 use Test::More;
 use JSON::PP;
 use t::lib::OmniServer;
+use t::lib::NodeTap;
 our ($MODEL);
 
 my $npm = $ENV{OMNI_NPM_DIR}
@@ -46,22 +47,7 @@ local $ENV{OMNI_BASE_URL} = "http://127.0.0.1:$s->{port}/v1";
 local $ENV{OMNI_BAD_KEY_URL} = "http://127.0.0.1:$k->{port}/v1";
 local $ENV{OMNI_MODEL_ID} = $model_id;
 local $ENV{OMNI_EXPECT} = encode_json(\%expect);
-my @out = `node t/e2e/openai.js 2>&1`;
-my $rc = $? >> 8;
-
-my $n = 0;
-for (@out) {
-    if (/^(not )?ok \d+ - (.*)$/) {
-        ok(!$1, "openai npm: $2");
-        $n++;
-    } elsif (/^# (.*)/) {
-        diag($1);
-    } elsif (!/^1\.\.\d+$/) {
-        diag($_);
-    }
-}
-ok($n >= 30, "openai.js ran its checks ($n)");
-is($rc, 0, 'openai.js exit status');
+node_tap('t/e2e/openai.js', 'openai npm', 30);
 
 # The right key passes through the keyed server as well.
 {

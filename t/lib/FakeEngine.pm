@@ -16,6 +16,23 @@
 #   escapes               TEXT with quotes, backslashes, controls, DONE
 #   anything else         TEXT "fake", DONE
 #
+# A request with "audio" (speech out: /v1/audio/speech's "input", or chat
+# with audio) is answered by its input text (speech) or last message:
+#
+#   echo                  the request JSON itself as the audio (speech),
+#                         or as the transcript with 6 bytes of audio (chat)
+#   slow-audio            AUDIO "first", 1 s, AUDIO "second", DONE
+#   audio-error           AUDIO "abc", then ERROR 503 server_error /
+#                         stage_failed
+#   audio-close           AUDIO "abc", then closes without DONE
+#   audio-first           AUDIO "abcdef", then TEXT "x", DONE
+#   voice-error           ERROR 400 invalid_request_error, param
+#                         "audio.voice", as the engine names it
+#   big-audio             17 MiB of AUDIO in 64 KiB frames, then DONE
+#   anything else         fake_audio($format): TEXT "Hel", "lo" (chat),
+#                         AUDIO in slices of 7, 1, 4096 and the rest
+#                         bytes; DONE with audio_tokens 5, audio_ms 250
+#
 # HEALTH gets 503 "warming up: loading the model" (or 200 "ready" when
 # the socket path contains "ready"), MODELS one model "fake-model",
 # METRICS one line "fake_engine_metric 42".
@@ -40,7 +57,25 @@ my $VERSION = do {
     $v // die "no OMNI_PROTO_VERSION in engine/proto/omni_proto.h\n";
 };
 
-our @EXPORT = qw(fake_engine_start fake_engine_stop);
+our @EXPORT = qw(fake_engine_start fake_engine_stop fake_audio
+                 @FAKE_SLICES);
+
+# The slices the default answer cuts its audio into: odd sizes, so that
+# chat's 6-byte pieces need the carry; the rest goes in the last one.
+our @FAKE_SLICES = (7, 1, 4096);
+
+# The default answer's audio for a format: a WAV header as a streaming
+# encoder writes it (both sizes 0xFFFFFFFF) and samples, or bytes that
+# name the format.
+sub fake_audio {
+    my ($format) = @_;
+    my $body = join('', map { pack('v', ($_ * 37) & 0xffff) } 0 .. 4999);
+    return $body if $format eq 'pcm';
+    return 'RIFF' . pack('V', 0xffffffff) . 'WAVEfmt '
+           . pack('V v v V V v v', 16, 1, 1, 24000, 48000, 2, 16)
+           . 'data' . pack('V', 0xffffffff) . $body if $format eq 'wav';
+    return "FAKE-$format:" . $body;
+}
 
 my %started;
 
@@ -57,9 +92,61 @@ sub error_frame {
 }
 
 sub done_frame {
-    my ($completion, $finish) = @_;
+    my ($completion, $finish, $audio_tokens, $audio_ms) = @_;
     return frame(18, pack('V V V C x3 Q< V V', 3, 0, $completion,
-                          $finish // 0, 0, 0, 0));
+                          $finish // 0, 0, $audio_tokens // 0,
+                          $audio_ms // 0));
+}
+
+sub audio_frames {
+    my ($bytes) = @_;
+    my @f;
+    for my $n (@FAKE_SLICES) {
+        last unless length $bytes;
+        push @f, frame(17, substr($bytes, 0, $n, ''));
+    }
+    push @f, frame(17, substr($bytes, 0, 65536, '')) while length $bytes;
+    return join('', @f);
+}
+
+sub speak {
+    my ($req, $p, $out) = @_;
+    my $speech = defined $req->{input};
+    my $what = $speech ? $req->{input} : ($req->{messages}[-1]{content} // '');
+    my $fmt = $req->{audio}{format} // 'mp3';
+    if ($what eq 'echo') {
+        $out->($speech ? frame(17, $p)
+               : frame(16, $p) . frame(17, 'abcdef'));
+        $out->(done_frame(1, 0, 1, 1));
+    } elsif ($what eq 'slow-audio') {
+        $out->(frame(17, 'first'));
+        sleep 1;
+        $out->(frame(17, 'second') . done_frame(1, 0, 2, 2));
+    } elsif ($what eq 'audio-error') {
+        $out->(frame(17, 'abc'));
+        sleep 0.05;
+        $out->(error_frame(503, 'server_error', '', 'stage_failed',
+                           'the voicebox stage died'));
+    } elsif ($what eq 'audio-close') {
+        $out->(frame(17, 'abc'));
+        sleep 0.05;
+    } elsif ($what eq 'audio-first') {
+        $out->(frame(17, 'abcdef') . frame(16, 'x') . done_frame(1, 0, 1, 1));
+    } elsif ($what eq 'voice-error') {
+        $out->(error_frame(400, 'invalid_request_error', 'audio.voice',
+                           'invalid_value', "Unknown voice 'nobody'."));
+    } elsif ($what eq 'big-audio') {
+        my $slice = 'x' x 65536;
+        for (1 .. 17 * 16) {
+            $out->(frame(17, $slice)) or return;
+        }
+        $out->(done_frame(1, 0, 1, 1));
+    } else {
+        $out->(frame(16, 'Hel')) unless $speech;
+        $out->(audio_frames(fake_audio($fmt eq 'pcm16' ? 'pcm' : $fmt)));
+        $out->(frame(16, 'lo')) unless $speech;
+        $out->(done_frame(2, 0, 5, 250));
+    }
 }
 
 sub read_n {
@@ -97,6 +184,7 @@ sub serve {
     }
     return unless $type == 1;
     my $req = eval { decode_json($p) } // {};
+    return speak($req, $p, $out) if ref $req->{audio} eq 'HASH';
     my $what = $req->{prompt} // '';
     if (ref $req->{messages} eq 'ARRAY' && @{ $req->{messages} }) {
         $what = $req->{messages}[-1]{content} // '';
@@ -173,6 +261,7 @@ sub fake_engine_stop {
 }
 
 END {
+    local $?;                   # waitpid's status is not the test's
     for my $pid (keys %started) {
         fake_engine_stop($pid) if $started{$pid} == $$;
     }

@@ -301,7 +301,7 @@ sub post_json ($$) {
         content => JSON::PP->new->utf8->canonical->encode($body) });
     return { status => $r->{status}, headers => $r->{headers},
              body => $r->{content},
-             json => eval { decode_json($r->{content}) } };
+             json => scalar eval { decode_json($r->{content}) } };
 }
 
 # --- the block preprocessor and the --- check section ---------------------
