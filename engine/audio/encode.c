@@ -32,8 +32,10 @@ static const EncoderOps *const FORMAT_OPS[AUDIO_N_FORMATS] = {
 
 /* ---- the handle ---- */
 
-/* An op's return, checked once more for a refusal the library swallowed
- * (libopusenc ignores its write callback's error). */
+/* An op's return, checked once more for a refusal: the libraries report
+ * their callback's failure (libopusenc as OPE_WRITE_FAIL, libFLAC as a
+ * write error), but should one swallow it on some path, the call must
+ * still fail, with the sink named as the reason. */
 static int op_result(AudioEncoder *e, int rc, Err *err) {
     if (rc == 0 && e->refused) {
         return enc_fail(e, err, "write", "");

@@ -270,25 +270,27 @@ static void test_empty(void **state) {
     }
 }
 
-/* A sink that refuses its first call fails the call that made it (open,
- * write or finish), with "output refused"; the encoder is then unusable. */
+/* A sink that refuses (its first call, or its third: mid-stream) fails the
+ * call that fed it (open, write or finish) with "output refused", is not
+ * called again, and the encoder is then unusable. */
 static void test_refused(void **state) {
     int16_t *s = signal_new();
 
-    for (int f = 0; f < AUDIO_N_FORMATS; f++) {
-        Out           o = { .refuse_at = 1 };
+    for (int k = 0; k < 2 * AUDIO_N_FORMATS; k++) {
+        AudioFormat   f = k % AUDIO_N_FORMATS;
+        Out           o = { .refuse_at = k < AUDIO_N_FORMATS ? 1 : 3 };
         Err           err = { "" };
         AudioEncoder *e = audio_encoder_open(f, RATE, out_sink, &o, &err);
         int           rc = e == NULL ? -1 : 0;
 
-        if (rc == 0) {
-            rc = audio_encoder_write(e, s, N_SIG, &err);
+        for (size_t at = 0; rc == 0 && at < N_SIG; at += 480) {
+            rc = audio_encoder_write(e, s + at, 480, &err);
         }
         if (rc == 0) {
             rc = audio_encoder_finish(e, &err);
         }
         assert_int_equal(rc, -1);
-        assert_int_equal(o.calls, 1);
+        assert_int_equal(o.calls, o.refuse_at);
         if (strstr(err.msg, "output refused") == NULL) {
             fail_msg("%s: \"%s\"", speech_format_name(f), err.msg);
         }
@@ -297,6 +299,7 @@ static void test_refused(void **state) {
             assert_non_null(strstr(err.msg, "after a failure"));
         }
         audio_encoder_free(e);
+        free(o.p);
     }
     free(s);
 }
