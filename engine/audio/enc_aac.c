@@ -176,8 +176,9 @@ static int aac_write(AudioEncoder *e, const int16_t *pcm, size_t n,
     int  rc;
 
     for (size_t i = 0; i < n; i++) {
-        /* the codec dropped its reference to the last frame when it
-         * encoded it, so this never copies */
+        /* the codec copies a frame's samples and drops its reference
+         * when it encodes it, so this does not copy (were a reference
+         * still held, it would copy: correct, one allocation) */
         if (a->fill == 0 && (rc = av_frame_make_writable(a->frame)) < 0) {
             return aac_averr(e, err, "av_frame_make_writable", rc);
         }
