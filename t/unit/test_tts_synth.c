@@ -14,6 +14,8 @@
  *     phone, and is kept); a join keeps the pause its punctuation asks,
  *     the last chunk a short tail (measured from the last sample above
  *     LOUD, so the last phone's fade counts as pause);
+ *   - any chunk units_decode accepts (random words of random phones)
+ *     synthesizes with every voice at any speed: Flite never exit()s;
  *   - speed 2 gives about half the samples of speed 1, 0.5 about double;
  *   - two threads synthesizing at once give what one at a time gives;
  *   - a sink that refuses stops synthesis with a clear error.
@@ -188,11 +190,11 @@ static size_t slice_at(const Pcm *u, const Pcm *t) {
     return 0;
 }
 
-static void check_trim(const char *voice, const char *text, bool last,
-                       int min_tail_ms, int max_tail_ms) {
+static void check_trim(const char *voice, const char *text, float speed,
+                       bool last, int min_tail_ms, int max_tail_ms) {
     int    rate = tts_voice_rate(tts_voice(voice));
-    Pcm    u = say(voice, text, UNTRIMMED);
-    Pcm    t = say(voice, text, (TtsSynthOpts) { 1.0f, true, last, false });
+    Pcm    u = say(voice, text, (TtsSynthOpts) { speed, true, true, true });
+    Pcm    t = say(voice, text, (TtsSynthOpts) { speed, true, last, false });
     size_t off = slice_at(&u, &t), tail;
 
     for (size_t i = 0; i < off; i++)
@@ -217,13 +219,16 @@ static void check_trim(const char *voice, const char *text, bool last,
 static void test_trimming(void **state) {
     for (size_t v = 0; v < 4; v++) {
         // the last chunk: a short tail (50 ms kept after the last phone)
-        check_trim(VOICES[v], "Anna saw a bee.", true, 20, 110);
+        check_trim(VOICES[v], "Anna saw a bee.", 1.0f, true, 20, 110);
+        check_trim(VOICES[v], "Anna saw a bee.", 2.0f, true, 20, 110);
+        // (at half speed the last phone's fade, counted as tail, doubles)
+        check_trim(VOICES[v], "Anna saw a bee.", 0.5f, true, 20, 220);
         // (each text ends in a sonorant: a final stop's burst can be quieter
         // than LOUD). Joins: 250 ms after a sentence, 120 after a clause, 60 between
         // words (plus the last phone's own fade, up to ~60 ms)
-        check_trim(VOICES[v], "Anna was happy.", false, 200, 330);
-        check_trim(VOICES[v], "Every day was fun,", false, 90, 200);
-        check_trim(VOICES[v], "I ran home to", false, 30, 140);
+        check_trim(VOICES[v], "Anna was happy.", 1.0f, false, 200, 330);
+        check_trim(VOICES[v], "Every day was fun,", 1.0f, false, 90, 200);
+        check_trim(VOICES[v], "I ran home to", 1.0f, false, 30, 140);
     }
 }
 
@@ -281,6 +286,59 @@ static void test_bad_speed_and_refusal(void **state) {
     assert_string_equal(err.msg, "tts: output refused");
     units_free(&u);
     free(p.pcm);
+}
+
+/* Any chunk that units_decode accepts can be synthesized: random words
+ * of random phones (with or without vowels, any stress), random
+ * punctuation, through every voice. Flite never exit()s, nothing crashes. */
+static void test_any_units(void **state) {
+    const cst_phoneset *ps = &us_phoneset;
+    static uint8_t      bytes[UNITS_MAX_BYTES];
+    unsigned            seed = 99;
+
+    for (int r = 0; r < 24; r++) {
+        char        text[40][16], phones[40][128], pre[40][4], punc[40][4];
+        UnitWord    w[40];
+        Units       u = { w, 1 + rand_r(&seed) % 40, 0, false, NULL }, back;
+        Err         err;
+        long        n;
+
+        for (int i = 0; i < u.n_words; i++) {
+            int  np = rand_r(&seed) % 9, o = 0;
+
+            snprintf(text[i], sizeof(text[i]), "w%d", rand_r(&seed) % 1000);
+            snprintf(pre[i], sizeof(pre[i]), "%s", rand_r(&seed) % 4 ? ""
+                     : "\"");
+            snprintf(punc[i], sizeof(punc[i]), "%c",
+                     ".,?!;: x"[rand_r(&seed) % 8]);
+            if (punc[i][0] == ' ' || punc[i][0] == 'x') punc[i][0] = '\0';
+            phones[i][0] = '\0';
+            for (int k = 0; k < np; k++) {
+                const char *ph = ps->phonenames[rand_r(&seed) % ps->num_phones];
+                bool        vowel;
+
+                if (!units_phone_known(ph, strlen(ph), &vowel)) continue;
+                o += snprintf(phones[i] + o, sizeof(phones[i]) - (size_t) o,
+                              "%s%s%s", o > 0 ? " " : "", ph,
+                              vowel ? (rand_r(&seed) % 2 ? "1" : "0") : "");
+            }
+            w[i] = (UnitWord) { text[i], phones[i], pre[i], punc[i] };
+        }
+        assert_true((n = units_encode(&u, bytes, sizeof(bytes))) > 0);
+        if (units_decode(&back, bytes, (size_t) n, &err) < 0)
+            fail_msg("%s", err.msg);
+        for (size_t v = 0; v < 4; v++) {
+            Pcm          p = { 0 };
+            TtsSynthOpts o = { 0.5f + (float) (rand_r(&seed) % 8) / 2,
+                               r % 2 == 0, r % 3 == 0, false };
+
+            if (tts_synth(tts_voice(VOICES[v]), &back, &o, collect, &p,
+                          &err) < 0)
+                fail_msg("%s: %s", VOICES[v], err.msg);
+            free(p.pcm);
+        }
+        units_free(&back);
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -393,6 +451,7 @@ int main(void) {
         cmocka_unit_test(test_trimming),
         cmocka_unit_test(test_speed),
         cmocka_unit_test(test_bad_speed_and_refusal),
+        cmocka_unit_test(test_any_units),
         cmocka_unit_test(test_threads),
         cmocka_unit_test(test_measure),
     };
