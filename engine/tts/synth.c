@@ -215,17 +215,19 @@ static void plan(Stream *st, int rate) {
  * pause it is owed (its final pause is often shorter than a sentence
  * break: the rest of a join's silence was the next chunk's lead, which
  * is trimmed). */
-static int pad(Stream *st, long wave_len) {
+static void pad(Stream *st, long wave_len) {
     static const int16_t zeros[256];
 
-    for (long at = wave_len; at < st->keep_to && !st->refused; ) {
+    for (long at = wave_len; at < st->keep_to; ) {
         long n = st->keep_to - at < 256 ? st->keep_to - at : 256;
 
-        if (st->sink(st->ud, zeros, (size_t) n) < 0) st->refused = true;
+        if (st->sink(st->ud, zeros, (size_t) n) < 0) {
+            st->refused = true;
+            break;
+        }
         st->sent += n;
         at += n;
     }
-    return st->refused ? -1 : 0;
 }
 
 /* Hands the kept part of samples [start, start + n) of the wave on. */
