@@ -16,12 +16,14 @@
  *     LOUD, so the last phone's fade counts as pause);
  *   - any chunk units_decode accepts (random words of random phones)
  *     synthesizes with every voice at any speed: Flite never exit()s;
- *   - speed 2 gives about half the samples of speed 1, 0.5 about double;
+ *   - speed 2 gives about half the samples of speed 1, 0.5 about double,
+ *     and the median pitch stays within 10%;
  *   - two threads synthesizing at once give what one at a time gives;
  *   - a sink that refuses stops synthesis with a clear error.
  *
  * It also prints the measurements engine/tts/README.md quotes. */
 
+#include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -232,6 +234,46 @@ static void test_trimming(void **state) {
     }
 }
 
+/* The median pitch of p's voiced 40 ms frames (Hz): per frame, the lag
+ * of the normalized autocorrelation's peak between 70 and 400 Hz, where
+ * that peak is above 0.6. Enough to tell a pitch shift from none. */
+static double median_f0(const Pcm *p, int rate) {
+    static double f0[4096];
+    int           n = 0, win = rate / 25;
+
+    for (size_t at = 0; at + (size_t) win * 2 < p->n && n < 4096;
+         at += (size_t) win / 2) {
+        const int16_t *x = p->pcm + at;
+        double         best = 0, e0 = 0;
+        int            lag = 0;
+
+        for (int i = 0; i < win; i++) e0 += (double) x[i] * x[i];
+        if (e0 < 1e6 * win / 100) continue;         // too quiet
+        for (int l = rate / 400; l <= rate / 70; l++) {
+            double c = 0, e1 = 0;
+
+            for (int i = 0; i < win; i++) {
+                c += (double) x[i] * x[i + l];
+                e1 += (double) x[i + l] * x[i + l];
+            }
+            if (c / sqrt(e0 * e1 + 1) > best) {
+                best = c / sqrt(e0 * e1 + 1);
+                lag = l;
+            }
+        }
+        if (best > 0.6) f0[n++] = (double) rate / lag;
+    }
+    assert_true(n > 5);
+    for (int i = 1; i < n; i++)                     // insertion sort
+        for (int k = i; k > 0 && f0[k - 1] > f0[k]; k--) {
+            double t = f0[k];
+
+            f0[k] = f0[k - 1];
+            f0[k - 1] = t;
+        }
+    return f0[n / 2];
+}
+
 static void test_speed(void **state) {
     const char *text = "She liked to play outside in the sun with her ball.";
 
@@ -249,6 +291,16 @@ static void test_speed(void **state) {
         if (r2 < 0.42 || r2 > 0.58 || r05 < 1.75 || r05 > 2.25)
             fail_msg("%s: speed 2 gives %.2fx, speed 0.5 %.2fx the samples",
                      VOICES[v], r2, r05);
+        {   // durations change, pitch does not (within 10%)
+            int    rate = tts_voice_rate(tts_voice(VOICES[v]));
+            double f1 = median_f0(&n1, rate), f2 = median_f0(&n2, rate);
+            double f05 = median_f0(&n05, rate);
+
+            printf("# %-5s speed 2: %.2fx the samples, 0.5: %.2fx; median "
+                   "pitch %.0f Hz at 1, %.0f at 2, %.0f at 0.5\n", VOICES[v],
+                   r2, r05, f1, f2, f05);
+            assert_true(fabs(f2 / f1 - 1) < 0.1 && fabs(f05 / f1 - 1) < 0.1);
+        }
         free(n1.pcm);
         free(n2.pcm);
         free(n05.pcm);
