@@ -30,18 +30,9 @@
 #include "chunker.h"
 #include "synth.h"
 #include "units.h"
+#include "test_tts.h"
 
 static uint8_t bytes[UNITS_MAX_BYTES];
-
-static int setup(void **state) {
-    Err err;
-
-    if (tts_init(&err) < 0) {
-        fprintf(stderr, "%s\n", err.msg);
-        return -1;
-    }
-    return 0;
-}
 
 /* A chunk of the given words: "text|phones|prepunc|punc" each. */
 static long make(const char *const *spec, int n, uint8_t *buf, size_t cap) {

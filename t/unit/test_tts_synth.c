@@ -37,6 +37,7 @@
 #include "analyze.h"
 #include "log.h"
 #include "tts_impl.h"
+#include "test_tts.h"
 
 #define SOUND  100          // |sample| from here is not silence (-50 dBFS)
 #define QUIET  600          // a cut below this cut no sound (-35 dBFS)
@@ -106,16 +107,6 @@ static Pcm say(const char *voice, const char *text, TtsSynthOpts o) {
 }
 
 static const TtsSynthOpts UNTRIMMED = { 1.0f, true, true, true };
-
-static int setup(void **state) {
-    Err err;
-
-    if (tts_init(&err) < 0) {
-        fprintf(stderr, "%s\n", err.msg);
-        return -1;
-    }
-    return 0;
-}
 
 // ---------------------------------------------------------------------------
 
