@@ -448,5 +448,6 @@ int main(void) {
         cmocka_unit_test(test_chunker_bounded),
     };
 
+    cmocka_set_message_output(CM_OUTPUT_TAP);
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -499,5 +499,6 @@ int main(void) {
         cmocka_unit_test(test_measure),
     };
 
+    cmocka_set_message_output(CM_OUTPUT_TAP);
     return cmocka_run_group_tests(tests, setup, NULL);
 }
