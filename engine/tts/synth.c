@@ -267,6 +267,14 @@ long tts_synth(const TtsVoice *v, const Units *units, const TtsSynthOpts *o,
     if (!(o->speed >= SPEECH_MIN_SPEED && o->speed <= SPEECH_MAX_SPEED))
         return err_set(err, "tts: speed %g is outside [%g, %g]", o->speed,
                        SPEECH_MIN_SPEED, SPEECH_MAX_SPEED);
+    // units_decode checked them; a chunk built by hand was not, and Flite
+    // exit()s on an unknown phone: the check again is cheap beside synthesis
+    for (int i = 0; i < units->n_words; i++) {
+        const char *ph = units->words[i].phones;
+
+        if (units_check_phones(ph, strlen(ph), err) < 0)
+            return err_prefix(err, "tts: word %d", i);
+    }
     if (units->n_phones == 0) return 0;     // nothing to say: no sound
     st.u = tokens_of(units);
     if (o->speed != 1.0f) {

@@ -59,6 +59,10 @@ int  units_put(UnitsWriter *w, const char *text, const char *phones,
                const char *prepunc, const char *punc);
 long units_finish(UnitsWriter *w, bool last);
 
+/* Checks a word's phones (n bytes: "hh ax0 l ow1", the byte form's rules);
+ * returns how many there are, or -1 with err set. */
+int  units_check_phones(const char *p, size_t n, Err *err);
+
 /* Whether name (n bytes) is a phone of the set that may be spoken in a
  * word (not a silence); *vowel gets whether it takes a stress digit. */
 bool units_phone_known(const char *name, size_t n, bool *vowel);

@@ -49,8 +49,7 @@ bool units_phone_known(const char *name, size_t n, bool *vowel) {
     return false;
 }
 
-/* Checks a word's phones; returns how many there are, or -1 with err set. */
-static int check_phones(const char *p, size_t n, Err *err) {
+int units_check_phones(const char *p, size_t n, Err *err) {
     size_t i = 0;
     int    count = 0;
 
@@ -176,7 +175,7 @@ static int decode_word(const uint8_t *p, size_t n, size_t *at, UnitWord *w,
     w->text = take(s, p + i, nt);       i += nt;
     w->prepunc = take(s, p + i, nq);    i += nq;
     w->punc = take(s, p + i, np);       i += np;
-    if ((phones = check_phones((const char *) p + i, nh, err)) < 0)
+    if ((phones = units_check_phones((const char *) p + i, nh, err)) < 0)
         return err_prefix(err, "word '%s'", w->text);
     w->phones = take(s, p + i, nh);     i += nh;
     *at = i;

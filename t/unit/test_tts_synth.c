@@ -19,7 +19,8 @@
  *   - speed 2 gives about half the samples of speed 1, 0.5 about double,
  *     and the median pitch stays within 10%;
  *   - two threads synthesizing at once give what one at a time gives;
- *   - a sink that refuses stops synthesis with a clear error.
+ *   - a sink that refuses stops synthesis with a clear error; a chunk
+ *     built by hand with an unknown phone is refused, not synthesized.
  *
  * It also prints the measurements engine/tts/README.md quotes. */
 
@@ -311,6 +312,15 @@ static void test_bad_speed_and_refusal(void **state) {
     assert_int_equal(tts_synth(tts_voice("rms"), &u, &o, collect, &p, &err),
                      -1);
     assert_null(tts_voice("nope"));
+    {   // a chunk built by hand, not decoded: its phones are checked too
+        UnitWord w = { "cat", "k ae1 zz", "", "" };
+        Units    bad = { &w, 1, 3, false, NULL };
+
+        o.speed = 1;
+        assert_int_equal(tts_synth(tts_voice("rms"), &bad, &o, collect, &p,
+                                   &err), -1);
+        assert_string_equal(err.msg, "tts: word 0: unknown phone 'zz'");
+    }
     // nothing to say: no samples, no error
     o.speed = 1;
     assert_int_equal(tts_synth(tts_voice("rms"), &u, &o, collect, &p, &err),
