@@ -86,12 +86,12 @@ static int collect(void *ud, const int16_t *pcm, size_t n) {
 
 /* text through the whole path: analyse, encode, decode, synthesize. */
 static Pcm say(const char *voice, const char *text, TtsSynthOpts o) {
-    static uint8_t bytes[UNITS_MAX_BYTES];
-    TtsAnalyzer   *a;
-    Units          u, back;
-    Pcm            p = { 0 };
-    Err            err;
-    long           n, sent;
+    static _Thread_local uint8_t bytes[UNITS_MAX_BYTES];   // threads say()
+    TtsAnalyzer                 *a;
+    Units                        u, back;
+    Pcm                          p = { 0 };
+    Err                          err;
+    long                         n, sent;
 
     assert_non_null(a = tts_analyzer_new(&err));
     assert_int_equal(tts_analyze(a, text, strlen(text), &u, &err), 0);
