@@ -70,8 +70,9 @@ static void expect_error(const char *spec, const char *needle) {
 // ---------------------------------------------------------------------------
 // Units
 
-static const char *HELLO[] = { "Hello|hh ax0 l ow1|\"|,", "world|w er1 l d||.\"",
-                               "--|||" };
+static const char *HELLO[] = {
+    "Hello|hh ax0 l ow1|\"|,", "world|w er1 l d||.\"", "--|||",
+};
 
 static void test_units_round_trip(void **state) {
     Units u, v;
@@ -248,7 +249,8 @@ static void test_analyze_words(void **state) {
     words_of(a, "\xe2\x80\x9cHi\xe2\x80\x9d \xe2\x80\x94 she said",
              "hi - she said");
     // emoji, other scripts, control characters: dropped
-    words_of(a, "I \xf0\x9f\x98\x80 you\x01\x7f \xe6\x97\xa5\xe6\x9c\xac", "i you");
+    words_of(a, "I \xf0\x9f\x98\x80 you\x01\x7f \xe6\x97\xa5\xe6\x9c\xac",
+             "i you");
     assert_int_equal(words_of(a, "?!... ,;", "? ,"), 0);   // nothing said
     assert_int_equal(words_of(a, "", NULL), 0);
     tts_analyzer_free(a);
@@ -385,7 +387,8 @@ static void test_chunker_modes(void **state) {
             else
                 assert_true(words <= 40);
             // not at punctuation: the word limit or the end of the text
-            if (!strchr(".!?,;:\"", end) && !strstr(once.text[i], "\xe2\x80\x94"))
+            if (!strchr(".!?,;:\"", end)
+                && !strstr(once.text[i], "\xe2\x80\x94"))
                 assert_true(words == (mode == SPEECH_QUALITY ? 40
                                       : i == 0 ? 4 : 12) || i == once.n - 1);
             if (mode == SPEECH_QUALITY && i < once.n - 1)

@@ -98,7 +98,8 @@ static Pcm say(const char *voice, const char *text, TtsSynthOpts o) {
     tts_analyzer_free(a);
     u.last = o.last;
     assert_true((n = units_encode(&u, bytes, sizeof(bytes))) > 0);
-    if (units_decode(&back, bytes, (size_t) n, &err) < 0) fail_msg("%s", err.msg);
+    if (units_decode(&back, bytes, (size_t) n, &err) < 0)
+        fail_msg("%s", err.msg);
     sent = tts_synth(tts_voice(voice), &back, &o, collect, &p, &err);
     if (sent < 0) fail_msg("%s: %s", text, err.msg);
     assert_int_equal((size_t) sent, p.n);
@@ -217,9 +218,9 @@ static void test_trimming(void **state) {
         check_trim(VOICES[v], "Anna saw a bee.", 2.0f, true, 20, 110);
         // (at half speed the last phone's fade, counted as tail, doubles)
         check_trim(VOICES[v], "Anna saw a bee.", 0.5f, true, 20, 220);
-        // (each text ends in a sonorant: a final stop's burst can be quieter
-        // than LOUD). Joins: 250 ms after a sentence, 120 after a clause, 60 between
-        // words (plus the last phone's own fade, up to ~60 ms)
+        // (each text ends in a sonorant: a final stop's burst can be
+        // quieter than LOUD). Joins: 250 ms after a sentence, 120 after a
+        // clause, 60 between words (plus the last phone's fade, ~60 ms)
         check_trim(VOICES[v], "Anna was happy.", 1.0f, false, 200, 330);
         check_trim(VOICES[v], "Every day was fun,", 1.0f, false, 90, 200);
         check_trim(VOICES[v], "I ran home to", 1.0f, false, 30, 140);
