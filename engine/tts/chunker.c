@@ -14,7 +14,8 @@
  *            ends at the last clause end before, else there.
  *
  * Only a full buffer without any cut forces one: at the last whitespace,
- * else at the last whole UTF-8 character. */
+ * else at the last whole UTF-8 character. A policy's word counts of 0 take
+ * the defaults (4, 12, 40). */
 
 #include <string.h>
 
