@@ -39,8 +39,15 @@ typedef int (*TtsPcmSink)(void *ud, const int16_t *pcm, size_t n);
 typedef struct {
     float speed;                // 0.25..4; durations scaled by 1/speed
     bool  first;                // the request's first chunk: no silence
-                                //   before the first sound
-    bool  last;                 // its last: no silence after the last
+                                //   before the first sound (every chunk
+                                //   is trimmed so: a join's pause is the
+                                //   previous chunk's tail, which knows
+                                //   its punctuation)
+    bool  last;                 // its last: a 50 ms tail after the last
+                                //   sound; others keep the pause their
+                                //   last punctuation asks (60-250 ms)
+    bool  keep_silence;         // no trimming: Flite's output as it is
+                                //   (tests compare it with Flite's own)
 } TtsSynthOpts;
 
 /* Synthesizes u with voice v, the samples to sink as Flite streams them.
