@@ -51,6 +51,11 @@ typedef struct {
     bool        replace;            // when another engine holds lock_file:
                                     //   start beside it, take its place
                                     //   once ready (frontend/listen.c)
+    /* the talker's chunks (tts/chunker.h); 0: the chunker's default */
+    int         speech_first_words; // latency mode: the first chunk, at
+                                    //   most (default 4)
+    int         speech_chunk_words; // latency mode: later chunks (12)
+    int         speech_quality_words; // quality mode: a chunk (40)
 } ServeConfig;
 
 /* The one rule for the name a model is served under (main.c's default,
