@@ -84,10 +84,10 @@ void conn_close(Frontend *fe, Conn *c) {
 }
 
 /* The client went away (EOF, reset, write error): a request in flight is
- * cancelled at the stage. */
+ * cancelled at every stage of its route still working on it. */
 void conn_gone(Frontend *fe, Conn *c) {
     if (c->state == CONN_ACTIVE) {
-        stages_send(fe, c->stage, OMNI_F_STAGE_CANCEL, c->id, NULL, 0);
+        route_cancel(fe, c, 0);
         fe->metrics.cancelled++;
         log_msg(LOG_DEBUG, "request %" PRIu64 " cancelled by its client",
                 c->id);
@@ -108,6 +108,7 @@ void conn_flush(Frontend *fe, Conn *c) {
         conn_close(fe, c);
         return;
     }
+    route_flow(fe, c);
     ev = c->state == CONN_CLOSING ? 0 : EPOLLIN;
     if (frame_writer_pending(&c->wr) > 0) ev |= EPOLLOUT;
     frontend_ep_set(fe, c->fd, &c->events, ev, c);
@@ -227,16 +228,17 @@ static bool prompt_too_long(Frontend *fe, Conn *c, const Parsed *p) {
     return true;
 }
 
-/* The checks after the parse, then the stage that serves the request
- * (stages_route) gets it. Frees what p holds. */
-/* Speech out, and assistant turns that refer to spoken answers: neither
- * has a stage to serve it yet (the talker and the voicebox are being
- * built), so they are refused by name rather than sent to the thinker.
- * No transcript is kept, so every audio id is unknown. */
-static bool speech_refused(Frontend *fe, Conn *c, const Parsed *p) {
+/* Speech out without the talker and voicebox stages in this build
+ * (OMNI_SPEECH_STAGES), and assistant turns that refer to spoken answers,
+ * are refused by name rather than sent to the thinker. No transcript is
+ * kept yet (the store comes with the talker), so every audio id is
+ * unknown. */
+static bool speech_refused(Frontend *fe, Conn *c, const Parsed *p,
+                           bool routed)
+{
     char param[64], why[256];
 
-    if (p->req.speech.on) {
+    if (!routed) {
         conn_error(fe, c, 501, "audio", "speech_unavailable", "speech output "
                    "is not available yet: this engine has no talker and "
                    "voicebox stages");
@@ -257,7 +259,8 @@ static void request_checked(Frontend *fe, Conn *c, Parsed *p) {
     const char *json = (const char *) c->rd.payload;
     size_t      len = c->rd.hdr.len;
     char        why[1024];
-    Stage      *s;
+    Route       rt;
+    bool        routed;
 
     if (p->rc != 0) {
         conn_error(fe, c, p->e.status, p->e.param[0] ? p->e.param : NULL,
@@ -277,11 +280,11 @@ static void request_checked(Frontend *fe, Conn *c, Parsed *p) {
         request_free(&p->req);
         return;
     }
-    if (speech_refused(fe, c, p)) {
+    routed = route_build(fe, &p->req, &rt);
+    if (speech_refused(fe, c, p, routed)) {
         request_free(&p->req);
         return;
     }
-    s = stages_route(fe, &p->req);
     request_free(&p->req);
     /* while draining, what reaches us was queued before the socket file
        went (or passed to our replacement): it is served like the rest */
@@ -290,19 +293,18 @@ static void request_checked(Frontend *fe, Conn *c, Parsed *p) {
                    "the engine is shutting down");
         return;
     }
-    if (!stages_live(fe, s)) {
-        stages_health(fe, s, why, sizeof(why));
+    if (!route_live(fe, &rt, why, sizeof(why))) {
         conn_error(fe, c, 503, NULL, "engine_not_ready", why);
         return;
     }
     c->id = fe->next_id++;
-    c->stage = s;
+    c->route = rt;
     c->state = CONN_ACTIVE;
     c->hnext = *id_slot(fe, c->id);
     *id_slot(fe, c->id) = c;
     fe->n_active++;
     c->t_submit = clock_now_s();
-    stages_send(fe, s, OMNI_F_STAGE_SUBMIT, c->id, json, len);
+    route_submit(fe, c, json, len);
 }
 
 /* Validates the REQUEST (so a client mistake is answered here, without a
@@ -380,9 +382,7 @@ static void conn_read_after(Frontend *fe, Conn *c) {
     ssize_t n = read(c->fd, b, sizeof(b));
 
     if (n > 0) {
-        if (c->state == CONN_ACTIVE) {
-            stages_send(fe, c->stage, OMNI_F_STAGE_CANCEL, c->id, NULL, 0);
-        }
+        if (c->state == CONN_ACTIVE) route_cancel(fe, c, 0);
         conn_error(fe, c, 400, NULL, NULL,
                    "one frame per connection: unexpected data after it");
     } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {

@@ -101,6 +101,7 @@ void metrics_init(Metrics *m) {
     hist_init(&m->itl, ITL_BOUNDS, COUNT(ITL_BOUNDS));
     hist_init(&m->e2e, E2E_BOUNDS, COUNT(E2E_BOUNDS));
     hist_init(&m->queue, E2E_BOUNDS, COUNT(E2E_BOUNDS));
+    hist_init(&m->ttfa, TTFT_BOUNDS, COUNT(TTFT_BOUNDS));
 }
 
 /* Linear search: the table holds a handful of pairs, and an error is not
@@ -236,6 +237,11 @@ void metrics_thinker(TextBuf *b, const OmniStats *stats) {
             LOAD(thinker.step_tokens));
 }
 
+void metrics_none(TextBuf *b, const OmniStats *stats) {
+    (void) b;
+    (void) stats;
+}
+
 /* A stage's page: the queue gauges every stage has, its own part, then
  * its restarts and steps. */
 static void render_stage(TextBuf *b, const MetricsStage *s) {
@@ -296,6 +302,20 @@ static void render_outcomes(TextBuf *b, const Metrics *m) {
               "last event.", &m->e2e);
     histogram(b, "request_queue_time_seconds", "Time a request waited to be "
               "scheduled.", &m->queue);
+    histogram(b, "time_to_first_audio_seconds", "Request arrival to the "
+              "first audio bytes sent (speech out).", &m->ttfa);
+    counter(b, "audio_seconds_total", "Seconds of audio sent in finished "
+            "requests.", m->audio_ms / 1000);
+}
+
+/* The shared-memory pool the stages pass units and audio through. */
+static void render_pool(TextBuf *b, const PoolStats *p) {
+    gauge(b, "pool_blocks_total", "Blocks in the shared-memory pool.",
+          (double) p->n_blocks);
+    gauge(b, "pool_blocks_used", "Pool blocks referenced now.",
+          (double) p->used);
+    gauge(b, "pool_waiters", "Stage producers waiting for a free pool "
+          "block now.", (double) p->waiters);
 }
 
 void metrics_render(TextBuf *out, const Metrics *m, const MetricsGauges *g)
@@ -316,6 +336,7 @@ void metrics_render(TextBuf *out, const Metrics *m, const MetricsGauges *g)
     }
     gauge(out, "connections", "Open client connections.",
           (double) g->connections);
+    render_pool(out, &g->pool);
     head(out, "resident_memory_bytes", "gauge", "Resident memory by "
          "process.");
     if (g->rss_frontend >= 0) {
