@@ -37,6 +37,10 @@
 #include "stage.h"
 #include "thinker.h"
 #include "tokenizer.h"
+#ifdef OMNI_SPEECH_STAGES
+#include "talker.h"
+#include "voicebox.h"
+#endif
 
 #define MAX_OPTS 32
 
@@ -635,8 +639,16 @@ static int cmd_serve(int argc, char **argv) {
     return 0;
 }
 
-/* The stages `stage NAME` runs, one row each (stage.h). */
-static const StageOps *const STAGES[] = { &thinker_stage };
+/* The stages `stage NAME` runs, one row each (stage.h). The speech stages
+ * are built with OMNI_SPEECH_STAGES (native builds, once their code is
+ * in); the frontend's table (frontend/stages.c) follows the same macro. */
+static const StageOps *const STAGES[] = {
+    &thinker_stage,
+#ifdef OMNI_SPEECH_STAGES
+    &talker_stage,
+    &voicebox_stage,
+#endif
+};
 
 #define N_STAGES (sizeof(STAGES) / sizeof(STAGES[0]))
 

@@ -130,9 +130,9 @@ void    metrics_error(Metrics *m, int status, const char *code,
 
 /* Appends the whole exposition to out: the model, each stage's page (the
  * part every stage has, then its own through its render), the frontend's
- * counters, then each stage's liveness and memory. With one stage the
- * stage metrics carry no label; a second stage of the same family needs
- * one (a stage="NAME" label), which changes the exposition's lines.
+ * counters, the pool, then each stage's liveness and memory. With one
+ * stage the stage families carry no label (the lines as they were with
+ * the thinker alone); with more, each line a stage="NAME" label.
  * Check out->oom afterwards. */
 void    metrics_render(TextBuf *out, const Metrics *m, const MetricsGauges *g);
 
