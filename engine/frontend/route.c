@@ -203,6 +203,16 @@ static void after_output(Frontend *fe, Conn *c) {
     }
 }
 
+/* After queueing output for c (rc: frame_put's): on, or c is dropped. */
+static void queued(Frontend *fe, Conn *c, int rc, const char *what) {
+    if (rc != 0) {
+        log_msg(LOG_ERROR, "out of memory queueing %s", what);
+        conn_gone(fe, c);
+        return;
+    }
+    after_output(fe, c);
+}
+
 /* An ERROR from hop i: the client gets it, the other hops a CANCEL. */
 static void hop_error(Frontend *fe, Conn *c, const OmniFrameHdr *h,
                       const uint8_t *body)
@@ -243,24 +253,14 @@ void route_event(Frontend *fe, Stage *s, uint64_t id, const OmniFrameHdr *h,
             c->t_first = clock_now_s();
             hist_observe(&fe->metrics.ttft, c->t_first - c->t_arrive, 1);
         }
-        if (frame_put(&c->wr, h->type, body, h->len) != 0) {
-            log_msg(LOG_ERROR, "out of memory queueing an event");
-            conn_gone(fe, c);
-            return;
-        }
-        after_output(fe, c);
+        queued(fe, c, frame_put(&c->wr, h->type, body, h->len), "text");
         return;
     case OMNI_F_STAGE_BLOCK:
         if (!last) {
             to_next(fe, c, i, h->type, body, h->len);
             return;
         }
-        if (block_to_client(fe, c, body) != 0) {
-            log_msg(LOG_ERROR, "out of memory queueing audio");
-            conn_gone(fe, c);
-            return;
-        }
-        after_output(fe, c);
+        queued(fe, c, block_to_client(fe, c, body), "audio");
         return;
     case OMNI_F_DONE:
         rt->working &= ~(1u << s->row);
