@@ -120,6 +120,16 @@ typedef struct {
     _Atomic uint64_t  step_tokens;          // tokens run in them
 } ThinkerStats;
 
+/* The talker's part: text in, speech units out. */
+typedef struct {
+    /* counters */
+    _Atomic uint64_t  chunks;               // unit chunks sent (pool
+                                            //   blocks)
+    _Atomic uint64_t  words;                // words analysed
+    _Atomic uint64_t  phones;               // phones produced: the
+                                            //   requests' audio_tokens
+} TalkerStats;
+
 /* Counters and gauges a stage publishes; the frontend renders them as
  * Prometheus metrics. The page lives in a memfd the frontend creates, so
  * counters survive a stage restart (a new stage keeps adding to them) and
@@ -150,6 +160,7 @@ typedef struct {
                                             //   killed for silence
     union {
         ThinkerStats  thinker;
+        TalkerStats   talker;
     };
 } OmniStats;
 

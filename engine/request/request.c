@@ -710,6 +710,28 @@ static int parse_audio(Parser *p, yajl_val a, SpeechParams *sp) {
     return 0;
 }
 
+/* "audio_transcripts": {id: text}, which only the frontend writes
+ * (frontend/transcripts.h; a client's own is overridden, the last key
+ * winning): each assistant turn that refers to an id gets its text as
+ * content. An id without one stays "" (the frontend refused the request
+ * before that). */
+static int parse_transcripts(Parser *p, yajl_val v, OmniRequest *r) {
+    yajl_val t;
+
+    if (!YAJL_IS_OBJECT(v)) {
+        return fail_type(p, "audio_transcripts", "an object", v);
+    }
+    for (int i = 0; r->chat && i < r->n_msgs; i++) {
+        if (r->audio_ids[i] == NULL
+            || (t = member(v, r->audio_ids[i])) == NULL)
+            continue;
+        if (get_string(p, "audio_transcripts", t, &r->msgs[i].content,
+                       NULL) != 0)
+            return -1;
+    }
+    return 0;
+}
+
 static int parse_root(Parser *p, yajl_val o, OmniRequest *r) {
     yajl_val v;
 
@@ -723,6 +745,9 @@ static int parse_root(Parser *p, yajl_val o, OmniRequest *r) {
     if (parse_input(p, o, r) != 0) return -1;
     if ((v = member(o, "audio")) != NULL
         && parse_audio(p, v, &r->speech) != 0)
+        return -1;
+    if ((v = member(o, "audio_transcripts")) != NULL
+        && parse_transcripts(p, v, r) != 0)
         return -1;
     if (r->input != NULL && !r->speech.on) {
         return fail(p, "audio", "is required with input (the voice to "

@@ -35,7 +35,11 @@
  *                                                  transcript under this id
  *                                                  (1..64 bytes of
  *                                                  [A-Za-z0-9_-])
- *     }
+ *     },
+ *     "audio_transcripts": {"audio_abc": "..."}    added by the frontend
+ *                                                  (transcripts.h): the
+ *                                                  text of the audio ids
+ *                                                  the messages refer to
  *   }
  *
  * "content" is a string or an array of {"type": "text", "text": "..."}

@@ -60,6 +60,11 @@ typedef struct {
                                     //   0: none (fd 0 is never a pool)
     uint16_t    stage_owner;        // tag on the blocks this stage
                                     //   allocates: its row + 1; 0: none
+    /* the talker's chunks (tts/chunker.h); 0: the chunker's default */
+    int         speech_first_words; // latency mode: the first chunk, at
+                                    //   most (default 4)
+    int         speech_chunk_words; // latency mode: later chunks (12)
+    int         speech_quality_words; // quality mode: a chunk (40)
 } ServeConfig;
 
 /* The one rule for the name a model is served under (main.c's default,

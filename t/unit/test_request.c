@@ -905,6 +905,35 @@ static void test_utf8(void **state) {
     }
 }
 
+/* "audio_transcripts", which the frontend appends (transcripts.h): each
+ * assistant turn that refers to an id gets its text; the last of repeated
+ * keys wins (so the frontend's, appended last, overrides a client's); an
+ * id without one stays "". */
+static void test_audio_transcripts(void **state) {
+    OmniRequest r;
+
+    (void) state;
+    parse_ok("{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"},"
+             " {\"role\": \"assistant\", \"audio\": {\"id\": \"a1\"}},"
+             " {\"role\": \"user\", \"content\": \"And?\"},"
+             " {\"role\": \"assistant\", \"audio\": {\"id\": \"a2\"}},"
+             " {\"role\": \"assistant\", \"audio\": {\"id\": \"a1\"}}],"
+             " \"audio_transcripts\": {\"a1\": \"client's\"},"
+             " \"audio_transcripts\": {\"a1\": \"Hello \\\"you\\\".\","
+             " \"zz\": \"unused\"}}", &r);
+    assert_string_equal(r.msgs[0].content, "Hi");
+    assert_string_equal(r.msgs[1].content, "Hello \"you\".");
+    assert_string_equal(r.msgs[3].content, "");
+    assert_string_equal(r.msgs[4].content, "Hello \"you\".");
+    request_free(&r);
+
+    rejects("{\"prompt\": \"x\", \"audio_transcripts\": []}",
+            "audio_transcripts", "expected an object");
+    rejects("{\"messages\": [{\"role\": \"assistant\", \"audio\":"
+            " {\"id\": \"a1\"}}], \"audio_transcripts\": {\"a1\": 3}}",
+            "audio_transcripts", "expected a string");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_full_request),
@@ -913,6 +942,7 @@ int main(void) {
         cmocka_unit_test(test_duplicates_and_unknown),
         cmocka_unit_test(test_input_errors),
         cmocka_unit_test(test_speech),
+        cmocka_unit_test(test_audio_transcripts),
         cmocka_unit_test(test_many_messages),
         cmocka_unit_test(test_roles),
         cmocka_unit_test(test_content),
