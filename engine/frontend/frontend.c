@@ -479,6 +479,7 @@ static void frontend_free(Frontend *fe) {
     listen_unlink(fe);
     stages_free(fe);
     route_free(fe);
+    transcripts_free(&fe->transcripts);
     pool_destroy(&fe->pool);
     if (fe->sfd >= 0) close(fe->sfd);
     if (fe->ep >= 0) close(fe->ep);
@@ -497,7 +498,15 @@ int frontend_run(const ServeConfig *cfg, int argc, char **argv, Err *err) {
         free(fe);
         return -1;
     }
+    if (transcripts_init(&fe->transcripts, TRANSCRIPTS_MAX_ENTRIES,
+                         TRANSCRIPTS_MAX_BYTES, err) != 0)
+    {
+        pool_destroy(&fe->pool);
+        free(fe);
+        return -1;
+    }
     if (stages_init(fe, argc, argv, err) != 0) {
+        transcripts_free(&fe->transcripts);
         pool_destroy(&fe->pool);
         free(fe);
         return -1;

@@ -27,6 +27,7 @@
 #include "serve.h"
 #include "stage_channel.h"
 #include "supervisor.h"
+#include "transcripts.h"
 #include "workq.h"
 
 #define ID_BUCKETS        4096          // request id table (power of 2)
@@ -128,6 +129,10 @@ typedef struct Conn {
                                 //   all, so the head's deadline is next
     struct Conn  *hnext;        // chain in the id table
     ParseJob     *job;          // its parse, while out (owned)
+    char          keep_id[SPEECH_MAX_ID + 1]; // a spoken chat answer's
+                                //   audio id: its text is kept under it
+                                //   at DONE (transcripts.h); "": none
+    TextBuf       said;         // that text so far (owned)
 } Conn;
 
 
@@ -245,6 +250,7 @@ typedef struct Frontend {
                                 //   (units, audio), given to each at
                                 //   STAGE_POOL_FD; owned
     CancelRec   *cancels;       // cancelled, not yet answered everywhere
+    Transcripts  transcripts;   // spoken answers' text by audio id
 
     /* connections */
     Conn        *conns;         // list of open connections

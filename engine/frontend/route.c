@@ -175,11 +175,33 @@ static void merge_done(Route *rt, const OmniDone *d) {
     if (d->audio_ms > 0) rt->done.audio_ms = d->audio_ms;
 }
 
+/* A spoken chat answer's text is kept under its audio id, for a later
+ * turn that refers to it. A text that cannot be kept (over the store's
+ * bounds, or cut short by our memory) is logged: a later reference to it
+ * gets 400 not found. */
+static void keep_transcript(Frontend *fe, Conn *c) {
+    Err err;
+
+    if (c->keep_id[0] == '\0') return;
+    if (c->said.oom) {
+        log_msg(LOG_WARN, "request %" PRIu64 ": the transcript of audio id "
+                "%s is over %u bytes or out of memory: not kept", c->id,
+                c->keep_id, TRANSCRIPTS_MAX_BYTES);
+    } else if (transcripts_put(&fe->transcripts, c->keep_id,
+                               c->said.p != NULL ? c->said.p : "",
+                               c->said.len, clock_now_s(), &err) != 0)
+    {
+        log_msg(LOG_WARN, "request %" PRIu64 ": transcript of audio id %s "
+                "not kept: %s", c->id, c->keep_id, err.msg);
+    }
+}
+
 /* Ends c with the merged DONE. */
 static void finish(Frontend *fe, Conn *c) {
     uint8_t      b[OMNI_DONE_LEN];
     OmniFrameHdr h = { .type = OMNI_F_DONE, .len = OMNI_DONE_LEN };
 
+    keep_transcript(fe, c);
     omni_done_encode(b, &c->route.done);
     fe->metrics.audio_ms += c->route.done.audio_ms;
     if (frame_put(&c->wr, OMNI_F_DONE, b, sizeof(b)) != 0) {
@@ -249,6 +271,13 @@ void route_event(Frontend *fe, Stage *s, uint64_t id, const OmniFrameHdr *h,
     case OMNI_F_TEXT:
         if (!last) to_next(fe, c, i, h->type, body, h->len);
         if (s != row(fe, STAGES_THINKER)) return;
+        if (c->keep_id[0] != '\0'
+            && c->said.len + h->len > TRANSCRIPTS_MAX_BYTES)
+        {
+            c->said.oom = true;         // the store could not take it
+        } else if (c->keep_id[0] != '\0') {
+            tb_printf(&c->said, "%.*s", (int) h->len, (const char *) body);
+        }
         if (c->t_first == 0) {
             c->t_first = clock_now_s();
             hist_observe(&fe->metrics.ttft, c->t_first - c->t_arrive, 1);

@@ -45,6 +45,18 @@ my $stages = `$ENGINE stage nosuch 2>&1`;
 my $has_speech = $stages =~ /\btalker\b/ && $stages =~ /\bvoicebox\b/;
 my $srv = serve_start();
 
+# An assistant turn that refers to a spoken answer never kept: 400, naming
+# the message (the store is the frontend's, in every build).
+{
+    my $r = request($srv, { messages => [
+        { role => 'user', content => 'Hi' },
+        { role => 'assistant', audio => { id => 'audio_nope' } },
+        { role => 'user', content => 'And then?' } ], max_tokens => 5 });
+    is($r->{error}{status}, 400, 'unknown audio id: 400');
+    is($r->{error}{param}, 'messages[1].audio.id', 'unknown audio id: param');
+    like($r->{error}{message}, qr/audio_nope/, 'unknown audio id: named');
+}
+
 unless ($has_speech) {
     my $r = request($srv, $SPEECH);
     is($r->{error}{status}, 501, 'no speech stages: 501');
@@ -91,6 +103,24 @@ unless ($has_speech) {
     ok($r->{done}{completion_tokens} > 0, 'chat audio: the thinker\'s counts');
     ok($r->{done}{audio_tokens} > 0 && $r->{done}{audio_ms} > 0,
        'chat audio: the talker\'s and the voicebox\'s');
+
+    # its transcript is kept under its id: a later turn may refer to it
+    $r = request($srv, { %$CHAT, audio => { %{ $CHAT->{audio} },
+                                             id => 'audio_t1' } });
+    ok_done($r, 'chat audio with an id');
+    my $said = $r->{text};
+    my @turns = ({ role => 'user', content => 'Tell me a story' },
+                 { role => 'assistant', audio => { id => 'audio_t1' } },
+                 { role => 'user', content => 'And then?' });
+    my $by_id = request($srv, { messages => \@turns, max_tokens => 5,
+                                temperature => 0 });
+    ok_done($by_id, 'a turn referring to audio_t1');
+    $turns[1] = { role => 'assistant', content => $said };
+    my $by_text = request($srv, { messages => \@turns, max_tokens => 5,
+                                  temperature => 0 });
+    is($by_id->{done}{prompt_tokens}, $by_text->{done}{prompt_tokens},
+       'the transcript stands in for the answer\'s text');
+    is($by_id->{text}, $by_text->{text}, '... and the reply is the same');
 }
 
 # --- errors from the request's checks --------------------------------------
