@@ -51,6 +51,10 @@ typedef struct {
     bool        replace;            // when another engine holds lock_file:
                                     //   start beside it, take its place
                                     //   once ready (frontend/listen.c)
+    /* the voicebox stage (voicebox/) */
+    int         voicebox_slots;     // --voicebox-slots N: requests
+                                    //   synthesized at once; 0: one per
+                                    //   CPU, at least 2
 } ServeConfig;
 
 /* The one rule for the name a model is served under (main.c's default,
