@@ -155,7 +155,12 @@ static void vb_run(VbWorker *w, VbReq *r) {
     pthread_mutex_unlock(&c->mu);
 
     if (post_started) vb_post(c, r, VB_OUT_STARTED, ref);
-    n = chunk ? vbpipe_chunk(w, r, ref, last) : vbpipe_finish(w, r);
+    if (r->enc == NULL && vbpipe_open(r) != 0) {
+        if (chunk) (void) pool_unref(c->pool, ref.block);
+        n = -1;
+    } else {
+        n = chunk ? vbpipe_chunk(w, r, ref, last) : vbpipe_finish(w, r);
+    }
     if (chunk && n >= 0) stats_chunk(c);
 
     pthread_mutex_lock(&c->mu);
@@ -171,7 +176,7 @@ static void vb_run(VbWorker *w, VbReq *r) {
 static void *vb_worker(void *arg) {
     VbWorker *w = arg;
     VbCore   *c = w->core;
-    VbReq    *r;
+    VbReq    *r = NULL;
 
     pthread_mutex_lock(&c->mu);
     for (;;) {
@@ -259,15 +264,17 @@ int vb_submit(VbCore *c, uint64_t id, const SpeechParams *sp, Err *err) {
     r->id = id;
     r->voice = tts_voice(sp->voice != NULL ? sp->voice->flite : "");
     r->speed = sp->speed;
+    r->format = sp->format;
+    r->blk = -1;
     if (r->voice == NULL) {
         free(r);
         return err_set(err, "voice \"%s\" has no synthesizer voice",
                        sp->voice != NULL ? sp->voice->name : "");
     }
-    if (vbpipe_open(r, sp->format, err) != 0) {
-        vbpipe_close(r);
+    if ((unsigned) sp->format >= AUDIO_N_FORMATS) {
         free(r);
-        return err_prefix(err, "%s audio", speech_format_name(sp->format));
+        return err_set(err, "audio format %d is not one of ours",
+                       (int) sp->format);
     }
     pthread_mutex_lock(&c->mu);
     r->next = c->held;

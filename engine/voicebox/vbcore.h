@@ -92,10 +92,10 @@ typedef struct {
  * (nothing left to free). The caller frees it with vb_free. */
 VbCore *vb_new(const VbConfig *cfg, Err *err);
 
-/* A new request id speaking with sp (voice, format, speed). Opens its
- * resampler and encoder. Returns 0, or -1 with err set: a duplicate id,
- * an unknown voice, max_requests held (the caller answers 503), or the
- * codec failed to open. */
+/* A new request id speaking with sp (voice, format, speed); its resampler
+ * and encoder are opened by the worker of its first turn (a codec that
+ * fails to open fails the request then). Returns 0, or -1 with err set: a
+ * duplicate id, an unknown voice or format, or max_requests held. */
 int  vb_submit(VbCore *c, uint64_t id, const SpeechParams *sp, Err *err);
 
 /* The request's next units chunk, ref (checked by the caller) taken over

@@ -46,9 +46,11 @@ struct VbReq {
     /* audio, the RUNNING worker's (the loop's before and after) */
     const TtsVoice *voice;          // static, shared
     float           speed;
+    AudioFormat     format;
     int             chunks;         // chunks synthesized
-    Resampler      *rs;             // owned
-    AudioEncoder   *enc;            // owned
+    Resampler      *rs;             // owned; opened by the first worker
+    AudioEncoder   *enc;            //   turn (a codec may write its
+                                    //   header at open: never on the loop)
     int             blk;            // pool block being filled, or -1
     uint32_t        fill;           // its bytes so far
     uint64_t        samples;        // SPEECH_RATE samples encoded
@@ -89,7 +91,7 @@ struct VbCore {
 };
 
 /* vbpipe.c: on a worker, request r RUNNING. */
-int  vbpipe_open(VbReq *r, AudioFormat f, Err *err);       // loop, submit
+int  vbpipe_open(VbReq *r);                                // first turn
 long vbpipe_chunk(VbWorker *w, VbReq *r, PoolRef ref, bool last);
 int  vbpipe_finish(VbWorker *w, VbReq *r);
 void vbpipe_close(VbReq *r);                               // loop, end

@@ -64,21 +64,26 @@ static int pipe_bytes(void *ud, const uint8_t *p, size_t n) {
     return 0;
 }
 
-/* Opens r's resampler (the voice's rate to SPEECH_RATE) and encoder. Loop
- * thread, at submit. Returns 0, or -1 with err set (vbpipe_close frees
- * what was opened). */
-int vbpipe_open(VbReq *r, AudioFormat f, Err *err) {
+/* Opens r's resampler (the voice's rate to SPEECH_RATE) and encoder, on
+ * the worker of r's first turn: an encoder may write its header at open,
+ * and that may wait for a pool block. Returns 0, or -1 with r->err set
+ * (vbpipe_close frees what was opened). */
+int vbpipe_open(VbReq *r) {
     int rate = tts_voice_rate(r->voice);
 
-    r->blk = -1;
-    r->rs = resample_new(rate, SPEECH_RATE, err);
-    if (r->rs == NULL) return -1;
+    r->rs = resample_new(rate, SPEECH_RATE, &r->err);
+    if (r->rs == NULL) return err_prefix(&r->err, "resampler");
     if (resample_out_max(r->rs, VB_PIECE) > VB_PIECE_OUT) {
-        return err_set(err, "voice rate %d Hz: more than %d samples out "
-                       "per %d in", rate, VB_PIECE_OUT, VB_PIECE);
+        return err_set(&r->err, "voice rate %d Hz: more than %d samples "
+                       "out per %d in", rate, VB_PIECE_OUT, VB_PIECE);
     }
-    r->enc = audio_encoder_open(f, SPEECH_RATE, pipe_bytes, r, err);
-    return r->enc != NULL ? 0 : -1;
+    r->enc = audio_encoder_open(r->format, SPEECH_RATE, pipe_bytes, r,
+                                &r->err);
+    if (r->enc == NULL) {
+        return err_prefix(&r->err, "%s encoder",
+                          speech_format_name(r->format));
+    }
+    return 0;
 }
 
 /* Frees r's codec state and drops the block it was filling. Loop thread,
