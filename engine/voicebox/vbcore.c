@@ -14,6 +14,7 @@
  * it: the outbox is drained before the ended list, and a request is put
  * on the ended list only after its last entry. */
 
+#include <assert.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,6 +83,9 @@ void vb_post(VbCore *c, VbReq *r, VbOutKind kind, PoolRef ref) {
     VbEntry *e;
 
     pthread_mutex_lock(&c->mu);
+    /* every entry is a block this stage holds, or the STARTED of a held
+     * request: box_cap = n_blocks + max_requests is never reached */
+    assert(c->box_n < c->box_cap);
     e = &c->box[(c->box_head + c->box_n++) % c->box_cap];
     e->kind = kind;
     e->r = r;
