@@ -296,8 +296,8 @@ void vb_units(VbCore *c, uint64_t id, PoolRef ref) {
     r = vb_find(c, id);
     if (r != NULL && atomic_load(&r->stop)) r = NULL;
     if (r != NULL && r->pend_n == VB_MAX_PENDING) {
-        err_set(&r->err, "more than %d units chunks waiting for synthesis",
-                VB_MAX_PENDING);
+        err_set(&r->fail, "more than %d units chunks waiting for "
+                "synthesis", VB_MAX_PENDING);
         vb_fail(c, r, VB_OUT_ERROR);
         r = NULL;
     }
@@ -360,7 +360,7 @@ bool vb_error(VbCore *c, uint64_t id, const char *msg) {
     pthread_mutex_lock(&c->mu);
     r = vb_find(c, id);
     if (r != NULL && !atomic_load(&r->stop)) {
-        err_set(&r->err, "%s", msg);
+        err_set(&r->fail, "%s", msg);
         vb_fail(c, r, VB_OUT_ERROR);
     }
     pthread_mutex_unlock(&c->mu);
@@ -392,7 +392,8 @@ static void vb_reap(VbCore *c, VbReq *r, VbOut *o) {
     o->id = r->id;
     if (r->end == VB_OUT_DONE) o->done = r->done;
     if (r->end == VB_OUT_ERROR) {
-        memcpy(c->msg, r->err.msg, sizeof(c->msg));
+        memcpy(c->msg, r->fail.msg[0] != '\0' ? r->fail.msg : r->err.msg,
+               sizeof(c->msg));
         o->msg = c->msg;
     }
     stats_audio(c, r->done.audio_ms);
@@ -440,7 +441,7 @@ static void vb_join(VbCore *c, const char *why) {
     for (VbReq *r = c->held; r != NULL; r = r->next) {
         if (r->state == VB_ENDED || atomic_load(&r->stop)) continue;
         atomic_store(&r->stop, true);
-        err_set(&r->err, "%s", why);
+        err_set(&r->fail, "%s", why);
         r->end = VB_OUT_ERROR;
     }
     pthread_cond_broadcast(&c->cv);

@@ -54,7 +54,9 @@ struct VbReq {
     int             blk;            // pool block being filled, or -1
     uint32_t        fill;           // its bytes so far
     uint64_t        samples;        // SPEECH_RATE samples encoded
-    Err             err;            // why it failed (end == ERROR)
+    Err             err;            // why its worker failed it
+    Err             fail;           // why the loop failed it (a bad
+                                    //   input, stop), under mu; it wins
 };
 
 typedef struct {
