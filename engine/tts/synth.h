@@ -41,6 +41,8 @@ typedef struct {
     bool  first;                // the request's first chunk: no silence
                                 //   before the first sound
     bool  last;                 // its last: no silence after the last
+    bool  keep_silence;         // no trimming: Flite's output as it is
+                                //   (tests compare it with Flite's own)
 } TtsSynthOpts;
 
 /* Synthesizes u with voice v, the samples to sink as Flite streams them.
