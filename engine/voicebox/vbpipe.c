@@ -134,7 +134,7 @@ static int pipe_pcm(void *ud, const int16_t *pcm, size_t n) {
 long vbpipe_chunk(VbWorker *w, VbReq *r, PoolRef ref, bool last) {
     VbCore       *c = r->core;
     PipeSink      ps = { w, r };
-    TtsSynthOpts  o = { r->speed, r->chunks == 0, false };
+    TtsSynthOpts  o = { .speed = r->speed, .first = r->chunks == 0 };
     Units         u;
     long          n;
     int           rc;

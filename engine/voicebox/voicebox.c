@@ -89,7 +89,7 @@ static int warm_codecs(const WarmPcm *w, int rate, Err *err) {
 static int warm_up(Err *err) {
     static const char *voices[] = { "rms", "slt", "awb", "kal16" };
     TtsAnalyzer       *a = tts_analyzer_new(err);
-    TtsSynthOpts       o = { 1.0f, true, true };
+    TtsSynthOpts       o = { .speed = 1.0f, .first = true, .last = true };
     WarmPcm            w = { NULL, 0, 16000 * 10 };
     Units              u;
     double             t0 = clock_now_s();
