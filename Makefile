@@ -225,6 +225,33 @@ $(BUILD)/tsan/t/test_threadpool: t/unit/test_threadpool.c \
 	$(CC) $(CFLAGS) $(ALL_INCS) -O1 -fsanitize=thread -o $@ $^ -lcmocka \
 	    -pthread
 
+# The audio encoders' test and build/tools/audio_probe (which the t/*.t
+# suites run on what nginx returns) decode with libraries that share no code
+# with the encoders: t/tools/audio_decode.c. test_audio links it through its
+# own LDLIBS; neither exists in cross builds (no speech there).
+DECODE_LIBS := -lsndfile -lmpg123 -lopusfile -lfaad -lm
+ifeq ($(CROSS),)
+$(BUILD)/tools/audio_probe: t/tools/audio_probe.c t/tools/audio_decode.c \
+                            t/tools/audio_decode.h
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ t/tools/audio_probe.c t/tools/audio_decode.c \
+	    $(DECODE_LIBS)
+
+$(BUILD)/t/test_audio $(BUILD)/asan/t/test_audio: t/tools/audio_decode.c \
+                                                  t/tools/audio_decode.h
+$(BUILD)/t/test_audio $(BUILD)/asan/t/test_audio: \
+    LDLIBS += t/tools/audio_decode.c $(DECODE_LIBS)
+
+unit: $(BUILD)/tools/audio_probe
+
+$(BUILD)/bench/bench_audio: bench/bench_audio.c $(BUILD)/libomni.a
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(ALL_INCS) -MMD -MP -o $@ $< $(BUILD)/libomni.a \
+	    $(LDLIBS)
+else
+UNIT_BINS := $(filter-out %/test_audio,$(UNIT_BINS))
+endif
+
 unit: $(UNIT_BINS) $(if $(CROSS),,$(ASAN_BINS) $(TSAN_BINS))
 
 $(BUILD)/bench/bench_kernels: bench/bench_kernels.c $(BUILD)/libomni.a
