@@ -545,7 +545,8 @@ static const char *const SERVE_VALS[] = {
     "model", "socket", "model-name", "threads", "isa", "ctx",
     "max-batch-tokens", "max-seqs", "max-queue", "block-size", "kv-cache-mb",
     "drain-timeout", "read-timeout", "stage-unready-after",
-    "stage-kill-after", "log-level", "lock-file", NULL
+    "stage-kill-after", "log-level", "lock-file", "pool-blocks",
+    "pool-block-kib", NULL
 };
 static const char *const SERVE_FLAGS[] = {
     "mmap", "no-prefix-cache", "replace", NULL
@@ -608,6 +609,14 @@ static void read_serve(const Opts *o, ServeConfig *c, char *name, size_t cap)
     if (c->replace && c->lock_file == NULL) {
         die("option '--replace' needs '--lock-file'");
     }
+    c->pool_blocks = (int) opt_int(o, "pool-blocks", 512, 16, 1 << 16);
+    c->pool_block_kib = (int) opt_int(o, "pool-block-kib", 32, 4, 16384);
+    if ((int64_t) c->pool_blocks * c->pool_block_kib > 4 << 20) {
+        die("the pool ('--pool-blocks' %d x '--pool-block-kib' %d) must be "
+            "at most 4 GiB", c->pool_blocks, c->pool_block_kib);
+    }
+    c->pool_fd = 0;
+    c->stage_owner = 0;
     log_set_level(parse_log_level(opt_str(o, "log-level", "info")));
 }
 
@@ -644,7 +653,8 @@ static const StageOps *find_stage(const char *name) {
 }
 
 static int cmd_stage(int argc, char **argv) {
-    static const char *fds[] = { "ipc-fd", "stats-fd", NULL };
+    static const char *fds[] = { "ipc-fd", "stats-fd", "pool-fd",
+                                 "stage-owner", NULL };
     Opts            o = { .n = 0 };
     ServeConfig     c;
     char            name[256];
@@ -659,6 +669,8 @@ static int cmd_stage(int argc, char **argv) {
     ipc = (int) opt_need_int(&o, "ipc-fd", 0, 1 << 20);
     stats = (int) opt_need_int(&o, "stats-fd", 0, 1 << 20);
     read_serve(&o, &c, name, sizeof(name));
+    c.pool_fd = (int) opt_int(&o, "pool-fd", 0, 1, 1 << 20);
+    c.stage_owner = (uint16_t) opt_int(&o, "stage-owner", 0, 1, 0xFFFF);
     if (stage_main(ops, &c, ipc, stats, &err) != 0) die("%s", err.msg);
     return 0;
 }
@@ -762,7 +774,9 @@ static void usage(FILE *f) {
           "             [--drain-timeout 30] [--read-timeout 10]\n"
           "             [--stage-unready-after 10] [--stage-kill-after 60]\n"
           "             [--log-level info] [--lock-file PATH [--replace]]\n"
-          "  stage      thinker --ipc-fd N --stats-fd N [serve options]\n"
+          "             [--pool-blocks 512] [--pool-block-kib 32]\n"
+          "  stage      NAME --ipc-fd N --stats-fd N [--pool-fd N]\n"
+          "             [--stage-owner N] [serve options]\n"
           "             (started by serve, not by hand)\n"
           "  client     --socket PATH --prompt TEXT [--chat] [--model NAME]\n"
           "             [--max-tokens N] [--temperature T] [--seed S]\n"

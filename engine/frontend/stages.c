@@ -418,6 +418,8 @@ static void stage_frame(Frontend *fe, Stage *s) {
     case OMNI_F_STAGE_READY:   on_ready(fe, s, p, len);   break;
     case OMNI_F_STAGE_STARTED: on_started(fe, s, p, len); break;
     case OMNI_F_STAGE_EVENT:   on_event(fe, s, p, len);   break;
+    case OMNI_F_STAGE_CANCELLED:
+        break;  // nothing of a text request is in the pool to reclaim
     default:
         stages_kill(s, "sent an unexpected frame type");
     }

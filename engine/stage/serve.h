@@ -7,7 +7,8 @@
  * thinker stage (thinker.c, run by the skeleton of stage.h) by fork+exec
  * of its own binary as
  *
- *   omni-engine stage thinker --ipc-fd 3 --stats-fd 4 <the serve options>
+ *   omni-engine stage thinker --ipc-fd 3 --stats-fd 4 --pool-fd 5
+ *       --stage-owner N <the serve options>
  *
  * and restarts it if it dies (stage_channel.h describes the channel). Both
  * processes parse the same options into a ServeConfig (main.c). */
@@ -55,6 +56,14 @@ typedef struct {
     bool        replace;            // when another engine holds lock_file:
                                     //   start beside it, take its place
                                     //   once ready (frontend/listen.c)
+    int         pool_blocks;        // the shared-memory pool the frontend
+    int         pool_block_kib;     //   creates: blocks (default 512) of
+                                    //   KiB each (default 32): 16 MiB
+    /* `stage` only: what the frontend tells the process it starts */
+    int         pool_fd;            // the pool's memfd (STAGE_POOL_FD);
+                                    //   0: none (fd 0 is never a pool)
+    uint16_t    stage_owner;        // tag on the blocks this stage
+                                    //   allocates: its row + 1; 0: none
 } ServeConfig;
 
 /* The one rule for the name a model is served under (main.c's default,

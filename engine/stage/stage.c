@@ -8,7 +8,11 @@
  * --stage-kill-after must stay above).
  *
  * EOF on ipc_fd means the frontend is gone or wants this stage gone:
- * ops->stop ends every request and stage_main returns 0. */
+ * ops->stop ends every request and stage_main returns 0.
+ *
+ * The pool (base/pool.h) is attached when the frontend passed one
+ * (cfg->pool_fd): a BLOCK in an INPUT is checked against it here, once,
+ * so a stage's input callback only ever sees a descriptor it may use. */
 
 #include <errno.h>
 #include <fcntl.h>
@@ -53,6 +57,25 @@ void stage_done(Stage *s, uint64_t id, const OmniDone *d) {
 
     omni_done_encode(b, d);
     stage_event(s, id, OMNI_F_DONE, b, sizeof(b));
+}
+
+void stage_block(Stage *s, uint64_t id, PoolRef r) {
+    uint8_t b[STAGE_BLOCK_LEN];
+
+    omni_wr32(b, r.block);
+    omni_wr32(b + 4, r.offset);
+    omni_wr32(b + 8, r.length);
+    omni_wr32(b + 12, 0);
+    stage_event(s, id, OMNI_F_STAGE_BLOCK, b, sizeof(b));
+}
+
+void stage_cancelled(Stage *s, uint64_t id) {
+    uint8_t b[8];
+
+    omni_wr64(b, id);
+    if (frame_put(&s->wr, OMNI_F_STAGE_CANCELLED, b, sizeof(b)) != 0) {
+        s->nomem = true;
+    }
 }
 
 void stage_error(Stage *s, uint64_t id, int status, const char *type,
@@ -162,6 +185,69 @@ int stage_ready(Stage *s, const char *id, const char *more, Err *err) {
 
 /* ---- Requests in ------------------------------------------------------- */
 
+/* An INPUT's inner frame (p, n bytes after the request id): a header
+ * whose length matches, of a type a stage takes (TEXT, DONE, BLOCK); a
+ * BLOCK must name a held block of the pool this stage attached. The
+ * frontend only passes on what a stage sent and it checked, so anything
+ * else here is a bug there: a protocol error. */
+static int input(Stage *s, uint64_t id, const uint8_t *p, size_t n,
+                 Err *err)
+{
+    OmniFrameHdr h;
+    PoolRef      r;
+    Err          perr;
+
+    if (s->ops->input == NULL) {
+        return err_set(err, "frontend sent INPUT to the %s stage, which "
+                       "takes none", s->ops->name);
+    }
+    if (n < OMNI_FRAME_HDR) {
+        return err_set(err, "frontend sent an INPUT of %zu bytes, without "
+                       "an inner frame", n);
+    }
+    omni_hdr_decode(&h, p);
+    if (h.len != n - OMNI_FRAME_HDR) {
+        return err_set(err, "frontend sent an INPUT whose inner frame says "
+                       "%u bytes and holds %zu", h.len, n - OMNI_FRAME_HDR);
+    }
+    p += OMNI_FRAME_HDR;
+    switch (h.type) {
+    case OMNI_F_TEXT:
+        if (h.len == 0 || h.len > OMNI_MAX_TEXT) {
+            return err_set(err, "frontend sent an INPUT TEXT of %u bytes",
+                           h.len);
+        }
+        break;
+    case OMNI_F_DONE:
+        if (h.len != OMNI_DONE_LEN) {
+            return err_set(err, "frontend sent an INPUT DONE of %u bytes",
+                           h.len);
+        }
+        break;
+    case OMNI_F_STAGE_BLOCK:
+        if (!s->has_pool) {
+            return err_set(err, "frontend sent an INPUT BLOCK, but gave "
+                           "this stage no pool");
+        }
+        r = (PoolRef) { omni_rd32(p), omni_rd32(p + 4), omni_rd32(p + 8) };
+        if (h.len != STAGE_BLOCK_LEN || omni_rd32(p + 12) != 0) {
+            return err_set(err, "frontend sent an INPUT BLOCK of %u bytes "
+                           "(flags %#x)", h.len,
+                           h.len == STAGE_BLOCK_LEN ? omni_rd32(p + 12) : 0);
+        }
+        if (pool_check(&s->pool, r, &perr) != 0) {
+            return err_set(err, "frontend sent a bad INPUT BLOCK: %s",
+                           perr.msg);
+        }
+        break;
+    default:
+        return err_set(err, "frontend sent an INPUT of inner type %u",
+                       h.type);
+    }
+    s->ops->input(s, id, h.type, p, h.len);
+    return 0;
+}
+
 /* Handles every whole frame that can be read now. Returns 1 at EOF, 0
  * when more may come, -1 with err set when the frontend broke the
  * protocol. */
@@ -183,6 +269,16 @@ static int read_frames(Stage *s, Err *err) {
             break;
         case OMNI_F_STAGE_CANCEL:
             s->ops->cancel(s, omni_rd64(p));
+            break;
+        case OMNI_F_STAGE_INPUT:
+            if (input(s, omni_rd64(p), p + 8, len - 8, err) != 0) return -1;
+            break;
+        case OMNI_F_STAGE_PAUSE:
+        case OMNI_F_STAGE_RESUME:
+            if (s->ops->pause != NULL) {
+                s->ops->pause(s, omni_rd64(p),
+                              s->rd.hdr.type == OMNI_F_STAGE_PAUSE);
+            }
             break;
         default:
             return err_set(err, "frontend sent stage frame type %u, which "
@@ -235,6 +331,17 @@ static int serve(Stage *s, Err *err) {
     }
 }
 
+/* The frontend's pool, when it passed one (cfg->pool_fd > 0), and this
+ * stage's owner tag for the blocks it allocates. pool_attach's errors
+ * name the fd. */
+static int attach_pool(Stage *s, const ServeConfig *cfg, Err *err) {
+    s->owner = cfg->stage_owner;
+    if (cfg->pool_fd <= 0) return 0;
+    if (pool_attach(&s->pool, cfg->pool_fd, err) != 0) return -1;
+    s->has_pool = true;
+    return 0;
+}
+
 int stage_main(const StageOps *ops, const ServeConfig *cfg, int ipc_fd,
                int stats_fd, Err *err)
 {
@@ -253,12 +360,15 @@ int stage_main(const StageOps *ops, const ServeConfig *cfg, int ipc_fd,
     fl = fcntl(ipc_fd, F_GETFL);
     if (fl < 0 || fcntl(ipc_fd, F_SETFL, fl | O_NONBLOCK) != 0) {
         err_set(err, "ipc fd %d: %s", ipc_fd, strerror(errno));
-    } else if (map_stats(&s, stats_fd, err) == 0) {
+    } else if (map_stats(&s, stats_fd, err) == 0
+               && attach_pool(&s, cfg, err) == 0)
+    {
         rc = ops->start(&s, cfg, err);
         if (rc == 0) rc = serve(&s, err);
     }
     ops->stop(&s);
     frame_flush(&s.wr, s.fd);
+    if (s.has_pool) pool_detach(&s.pool);
     if (s.stats != NULL) munmap(s.stats, sizeof(OmniStats));
     frame_reader_free(&s.rd);
     frame_writer_free(&s.wr);

@@ -317,7 +317,10 @@ static void prep_done(Thinker *t) {
     }
 }
 
-/* A CANCEL: wherever the request is, it goes without a word. */
+/* A CANCEL: wherever the request is, it goes without a word but the ack.
+ * The thinker holds no pool block, and a prep job still out only reads
+ * its own copy of the JSON, so nothing of the request is held that the
+ * frontend could reclaim: the ack goes at once. */
 static void thinker_cancel(Stage *s, uint64_t id) {
     Thinker *t = s->ud;
 
@@ -325,6 +328,7 @@ static void thinker_cancel(Stage *s, uint64_t id) {
         if (j->p.id == id) j->cancelled = true;
     }
     sched_cancel(t->sched, id);
+    stage_cancelled(s, id);
 }
 
 static void thinker_submit(Stage *s, uint64_t id, const char *json,

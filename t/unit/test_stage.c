@@ -4,8 +4,11 @@
  * the toy takes needs three steps (STARTED, TEXT echoing its JSON, DONE);
  * "fail" is refused at once with an ERROR whose message is too long for
  * one frame; "wake" is answered from the wake fd's handler, not a step;
- * "hold" is held, never stepped, until the stage stops.
- * The statistics page is a memfd, as the frontend's. */
+ * "hold" is held, never stepped, until the stage stops. A CANCEL is acked
+ * at once. INPUT is echoed: TEXT as a TEXT event, a BLOCK passed back on
+ * (its reference with it), DONE as DONE; PAUSE and RESUME are recorded.
+ * The statistics page is a memfd, and the pool a pool_create'd one, as
+ * the frontend's. */
 
 #include <errno.h>
 #include <poll.h>
@@ -36,6 +39,10 @@ typedef struct {
     uint64_t woken;                 // the id "wake" asked for
     uint64_t held;                  // the id "hold" asked for, 0: none
     bool     stopped;               // stop ran
+    uint16_t owner;                 // s->owner at start
+    bool     has_pool;              // s->has_pool at start
+    uint64_t paused;                // the id of the last PAUSE/RESUME
+    bool     pause_on;              //   and which
 } Toy;
 
 static Toy toy;                     // the toy's state (s->ud)
@@ -46,6 +53,8 @@ static int toy_start(Stage *s, const ServeConfig *cfg, Err *err) {
     if (toy.efd < 0) return err_set(err, "eventfd: %s", strerror(errno));
     s->ud = &toy;
     s->wake_fd = toy.efd;
+    toy.owner = s->owner;
+    toy.has_pool = s->has_pool;
     return stage_ready(s, "toy \"1\"\n", ",\"x\":1", err);
 }
 
@@ -99,6 +108,34 @@ static void toy_cancel(Stage *s, uint64_t id) {
     for (int i = 0; i < t->n; i++) {
         if (t->id[i] == id) toy_drop(t, i--);
     }
+    stage_cancelled(s, id);
+}
+
+static void toy_input(Stage *s, uint64_t id, uint8_t type, const uint8_t *p,
+                      size_t n)
+{
+    OmniDone d = { 0 };
+
+    switch (type) {
+    case OMNI_F_TEXT:
+        stage_event(s, id, OMNI_F_TEXT, p, n);
+        break;
+    case OMNI_F_STAGE_BLOCK:
+        stage_block(s, id, (PoolRef) { omni_rd32(p), omni_rd32(p + 4),
+                                       omni_rd32(p + 8) });
+        break;
+    default:
+        assert_int_equal(omni_done_decode(&d, p), 0);
+        d.audio_ms = 99;
+        stage_done(s, id, &d);
+    }
+}
+
+static void toy_pause(Stage *s, uint64_t id, bool paused) {
+    Toy *t = s->ud;
+
+    t->paused = id;
+    t->pause_on = paused;
 }
 
 static bool toy_idle(Stage *s) {
@@ -155,6 +192,8 @@ static const StageOps toy_stage = {
     .start = toy_start,
     .submit = toy_submit,
     .cancel = toy_cancel,
+    .input = toy_input,
+    .pause = toy_pause,
     .idle = toy_idle,
     .step = toy_step,
     .wake = toy_wake,
@@ -168,6 +207,8 @@ typedef struct {
     int        sv[2];               // [0]: the frontend's, [1]: the stage's
     int        stats_fd;            // memfd, or -1
     OmniStats *stats;               // mapped, or NULL
+    Pool       pool;                // created when has_pool
+    bool       has_pool;
     pthread_t  th;
     int        rc;                  // stage_main's
     Err        err;
@@ -175,7 +216,9 @@ typedef struct {
 
 static void *run_stage(void *arg) {
     Rig        *r = arg;
-    ServeConfig cfg = { .model_path = "toy" };
+    ServeConfig cfg = { .model_path = "toy", .stage_owner = 3 };
+
+    if (r->has_pool) cfg.pool_fd = r->pool.fd;
 
     r->rc = stage_main(&toy_stage, &cfg, r->sv[1], r->stats_fd, &r->err);
     return NULL;
@@ -183,10 +226,15 @@ static void *run_stage(void *arg) {
 
 /* A page as the frontend leaves it: counters kept from an earlier stage,
  * gauges stale. */
-static void rig_start(Rig *r, bool with_stats) {
+static void rig_run(Rig *r, bool with_stats, bool with_pool) {
     struct timeval tv = { 10, 0 };  // a stuck stage fails, not hangs
+    Err            err;
 
     memset(r, 0, sizeof(*r));
+    if (with_pool) {                // 4 blocks of 256 bytes
+        assert_int_equal(pool_create(&r->pool, 4, 256, &err), 0);
+        r->has_pool = true;
+    }
     assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, r->sv), 0);
     setsockopt(r->sv[0], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     r->stats_fd = -1;
@@ -205,6 +253,14 @@ static void rig_start(Rig *r, bool with_stats) {
     assert_int_equal(pthread_create(&r->th, NULL, run_stage, r), 0);
 }
 
+static void rig_start(Rig *r, bool with_stats) {
+    rig_run(r, with_stats, false);
+}
+
+static void rig_start_pool(Rig *r) {
+    rig_run(r, false, true);
+}
+
 /* EOF to the stage, then waits for stage_main's return. */
 static void rig_end(Rig *r) {
     shutdown(r->sv[0], SHUT_WR);
@@ -213,6 +269,7 @@ static void rig_end(Rig *r) {
     close(r->sv[1]);
     if (r->stats != NULL) munmap(r->stats, sizeof(OmniStats));
     if (r->stats_fd >= 0) close(r->stats_fd);
+    if (r->has_pool) pool_destroy(&r->pool);
 }
 
 static void read_all(int fd, uint8_t *p, size_t n) {
@@ -304,6 +361,61 @@ static void expect_job(Rig *r, uint64_t id, const char *text) {
 }
 
 
+static void expect_cancelled(Rig *r, uint64_t id) {
+    uint8_t buf[64];
+    size_t  len;
+
+    assert_int_equal(next_frame(r, buf, sizeof(buf), &len),
+                     OMNI_F_STAGE_CANCELLED);
+    assert_int_equal(len, 8);
+    assert_int_equal(omni_rd64(buf), id);
+}
+
+/* Sends a frame of type for id: the id, then n bytes of body. */
+static void send_frame(Rig *r, uint8_t type, uint64_t id, const void *body,
+                       size_t n)
+{
+    uint8_t out[128];
+
+    assert_true(OMNI_FRAME_HDR + 8 + n <= sizeof(out));
+    omni_hdr_encode(out, type, (uint32_t) (8 + n));
+    omni_wr64(out + OMNI_FRAME_HDR, id);
+    if (n > 0) memcpy(out + OMNI_FRAME_HDR + 8, body, n);
+    send_bytes(r, out, OMNI_FRAME_HDR + 8 + n);
+}
+
+/* An INPUT for id: the inner frame type with n bytes of p. */
+static void send_input(Rig *r, uint64_t id, uint8_t type, const void *p,
+                       size_t n)
+{
+    uint8_t in[96];
+
+    assert_true(OMNI_FRAME_HDR + n <= sizeof(in));
+    omni_hdr_encode(in, type, (uint32_t) n);
+    if (n > 0) memcpy(in + OMNI_FRAME_HDR, p, n);
+    send_frame(r, OMNI_F_STAGE_INPUT, id, in, OMNI_FRAME_HDR + n);
+}
+
+/* A BLOCK payload for ref r, with flags. */
+static void block_bytes(uint8_t *b, PoolRef r, uint32_t flags) {
+    omni_wr32(b, r.block);
+    omni_wr32(b + 4, r.offset);
+    omni_wr32(b + 8, r.length);
+    omni_wr32(b + 12, flags);
+}
+
+/* The stage ends with a protocol error whose message is want. */
+static void expect_protocol_error(Rig *r, const char *want) {
+    pthread_join(r->th, NULL);
+    assert_int_equal(r->rc, -1);
+    assert_string_equal(r->err.msg, want);
+    assert_true(toy.stopped);
+    close(r->sv[0]);
+    close(r->sv[1]);
+    if (r->has_pool) pool_destroy(&r->pool);
+}
+
+
 /* ---- Tests ------------------------------------------------------------- */
 
 /* READY, then a SUBMIT's events in order; EOF ends the stage cleanly; the
@@ -362,6 +474,7 @@ static void test_cancel_and_stop(void **state) {
     n += put_frame(out + n, 2, "two");
     n += put_frame(out + n, 1, NULL);
     send_bytes(&r, out, n);
+    expect_cancelled(&r, 1);
     expect_job(&r, 2, "two");
     shutdown(r.sv[0], SHUT_WR);
     p = next_event(&r, 3, OMNI_F_ERROR, buf, sizeof(buf), &len);
@@ -442,6 +555,112 @@ static void test_protocol_error(void **state) {
     close(r.sv[1]);
 }
 
+/* The pool is attached and the owner tag set from the config; INPUT TEXT,
+ * BLOCK and DONE reach ops->input, a BLOCK checked and its reference
+ * passed back out with stage_block; PAUSE and RESUME reach ops->pause. */
+static void test_input_block_pause(void **state) {
+    Rig            r = { 0 };
+    uint8_t        buf[128], b[STAGE_BLOCK_LEN];
+    size_t         len;
+    const uint8_t *p;
+    OmniDone       d = { .prompt_tokens = 5 };
+    PoolStats      ps;
+    int            blk;
+
+    rig_start_pool(&r);
+    expect_ready(&r);
+    assert_int_equal(toy.owner, 3);
+    assert_true(toy.has_pool);
+    send_input(&r, 4, OMNI_F_TEXT, "hi", 2);
+    p = next_event(&r, 4, OMNI_F_TEXT, buf, sizeof(buf), &len);
+    assert_int_equal(len, 2);
+    assert_memory_equal(p, "hi", 2);
+
+    blk = pool_alloc(&r.pool, 1, 4);
+    assert_true(blk >= 0);
+    block_bytes(b, (PoolRef) { (uint32_t) blk, 64, 100 }, 0);
+    send_input(&r, 4, OMNI_F_STAGE_BLOCK, b, sizeof(b));
+    p = next_event(&r, 4, OMNI_F_STAGE_BLOCK, buf, sizeof(buf), &len);
+    assert_int_equal(len, STAGE_BLOCK_LEN);
+    assert_memory_equal(p, b, STAGE_BLOCK_LEN);
+    pool_stats(&r.pool, &ps);
+    assert_int_equal(ps.used, 1);           // the one reference, passed on
+    assert_int_equal(pool_unref(&r.pool, (uint32_t) blk), 1);
+
+    send_frame(&r, OMNI_F_STAGE_PAUSE, 4, NULL, 0);
+    omni_done_encode(buf, &d);
+    send_input(&r, 4, OMNI_F_DONE, buf, OMNI_DONE_LEN);
+    p = next_event(&r, 4, OMNI_F_DONE, buf, sizeof(buf), &len);
+    assert_int_equal(omni_done_decode(&d, p), 0);
+    assert_int_equal(d.prompt_tokens, 5);
+    assert_int_equal(d.audio_ms, 99);
+    // the PAUSE was read before the INPUT that the DONE answers
+    assert_int_equal(toy.paused, 4);
+    assert_true(toy.pause_on);
+    send_frame(&r, OMNI_F_STAGE_RESUME, 4, NULL, 0);
+    send_frame(&r, OMNI_F_STAGE_CANCEL, 4, NULL, 0);
+    expect_cancelled(&r, 4);
+    assert_false(toy.pause_on);
+    rig_end(&r);
+    assert_int_equal(r.rc, 0);
+}
+
+/* A BLOCK naming a free block is the frontend's bug: a protocol error
+ * that names what is wrong, and ops->input never sees it. */
+static void test_input_bad_block(void **state) {
+    Rig     r = { 0 };
+    uint8_t b[STAGE_BLOCK_LEN];
+
+    rig_start_pool(&r);
+    expect_ready(&r);
+    block_bytes(b, (PoolRef) { 2, 0, 16 }, 0);
+    send_input(&r, 5, OMNI_F_STAGE_BLOCK, b, sizeof(b));
+    pthread_join(r.th, NULL);
+    assert_int_equal(r.rc, -1);
+    assert_non_null(strstr(r.err.msg, "frontend sent a bad INPUT BLOCK: "));
+    assert_true(toy.stopped);
+    close(r.sv[0]);
+    close(r.sv[1]);
+    pool_destroy(&r.pool);
+}
+
+/* A BLOCK to a stage without a pool, a BLOCK with flags, an inner frame
+ * whose length lies, an inner type a stage does not take: each a
+ * protocol error naming it. */
+static void test_input_malformed(void **state) {
+    Rig     r = { 0 };
+    uint8_t b[STAGE_BLOCK_LEN], in[OMNI_FRAME_HDR + 4];
+    int     blk;
+
+    rig_start(&r, false);
+    expect_ready(&r);
+    block_bytes(b, (PoolRef) { 0, 0, 16 }, 0);
+    send_input(&r, 5, OMNI_F_STAGE_BLOCK, b, sizeof(b));
+    expect_protocol_error(&r, "frontend sent an INPUT BLOCK, but gave this "
+                          "stage no pool");
+
+    rig_start_pool(&r);
+    expect_ready(&r);
+    blk = pool_alloc(&r.pool, 1, 5);
+    block_bytes(b, (PoolRef) { (uint32_t) blk, 0, 16 }, 1);
+    send_input(&r, 5, OMNI_F_STAGE_BLOCK, b, sizeof(b));
+    expect_protocol_error(&r, "frontend sent an INPUT BLOCK of 16 bytes "
+                          "(flags 0x1)");
+
+    rig_start(&r, false);
+    expect_ready(&r);
+    omni_hdr_encode(in, OMNI_F_TEXT, 9);
+    memcpy(in + OMNI_FRAME_HDR, "abcd", 4);
+    send_frame(&r, OMNI_F_STAGE_INPUT, 5, in, sizeof(in));
+    expect_protocol_error(&r, "frontend sent an INPUT whose inner frame says "
+                          "9 bytes and holds 4");
+
+    rig_start(&r, false);
+    expect_ready(&r);
+    send_input(&r, 5, OMNI_F_AUDIO, "abcd", 4);
+    expect_protocol_error(&r, "frontend sent an INPUT of inner type 17");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_submit_events_eof),
@@ -450,6 +669,9 @@ int main(void) {
         cmocka_unit_test(test_error_cut),
         cmocka_unit_test(test_wake_fd),
         cmocka_unit_test(test_protocol_error),
+        cmocka_unit_test(test_input_block_pause),
+        cmocka_unit_test(test_input_bad_block),
+        cmocka_unit_test(test_input_malformed),
     };
 
     cmocka_set_message_output(CM_OUTPUT_TAP);
