@@ -37,7 +37,7 @@
 #include "stage.h"
 #include "thinker.h"
 #include "tokenizer.h"
-#ifdef OMNI_SPEECH_STAGES
+#ifdef OMNI_HAVE_SPEECH
 #include "talker.h"
 #include "voicebox.h"
 #endif
@@ -640,11 +640,11 @@ static int cmd_serve(int argc, char **argv) {
 }
 
 /* The stages `stage NAME` runs, one row each (stage.h). The speech stages
- * are built with OMNI_SPEECH_STAGES (native builds, once their code is
+ * are built with OMNI_HAVE_SPEECH (native builds, once their code is
  * in); the frontend's table (frontend/stages.c) follows the same macro. */
 static const StageOps *const STAGES[] = {
     &thinker_stage,
-#ifdef OMNI_SPEECH_STAGES
+#ifdef OMNI_HAVE_SPEECH
     &talker_stage,
     &voicebox_stage,
 #endif

@@ -231,7 +231,7 @@ static bool prompt_too_long(Frontend *fe, Conn *c, const Parsed *p) {
 }
 
 /* Speech out without the talker and voicebox stages in this build
- * (OMNI_SPEECH_STAGES) is refused by name rather than sent to the
+ * (OMNI_HAVE_SPEECH) is refused by name rather than sent to the
  * thinker. */
 static bool speech_refused(Frontend *fe, Conn *c, bool routed) {
     if (routed) return false;

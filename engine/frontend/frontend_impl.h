@@ -138,7 +138,7 @@ typedef struct Conn {
 
 /* ---- The table of stages ------------------------------------------------
  * One row per kind of stage process the frontend runs: the thinker, and
- * with speech (OMNI_SPEECH_STAGES: the talker and voicebox are linked in)
+ * with speech (OMNI_HAVE_SPEECH: the talker and voicebox are linked in)
  * the talker and the voicebox. A row is a constant part (StageKind: the name, and what is the
  * kind's own in READY, the page's gauges and the metrics) and the process
  * it supervises (Stage). Adding a stage is a row in stages.c's table and
@@ -206,7 +206,7 @@ struct Stage {
 
 enum {
     STAGES_THINKER,
-#ifdef OMNI_SPEECH_STAGES
+#ifdef OMNI_HAVE_SPEECH
     STAGES_TALKER,
     STAGES_VOICEBOX,
 #endif

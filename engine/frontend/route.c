@@ -45,12 +45,12 @@ static Stage *row(Frontend *fe, int i) {
 }
 
 /* The route r takes, into rt. Returns false when it needs stages this
- * build lacks (speech without OMNI_SPEECH_STAGES): the caller refuses. */
+ * build lacks (speech without OMNI_HAVE_SPEECH): the caller refuses. */
 bool route_build(Frontend *fe, const OmniRequest *r, Route *rt) {
     memset(rt, 0, sizeof(*rt));
     if (r->input == NULL) rt->hop[rt->n++] = row(fe, STAGES_THINKER);
     if (r->speech.on) {
-#ifdef OMNI_SPEECH_STAGES
+#ifdef OMNI_HAVE_SPEECH
         rt->hop[rt->n++] = row(fe, STAGES_TALKER);
         rt->hop[rt->n++] = row(fe, STAGES_VOICEBOX);
 #else

@@ -76,7 +76,7 @@ static void thinker_ready(Stage *s, yajl_val v, char *desc, size_t cap) {
              t->bound.ws_free ? " (whitespace free)" : "");
 }
 
-#ifdef OMNI_SPEECH_STAGES
+#ifdef OMNI_HAVE_SPEECH
 /* ---- The talker's and the voicebox's rows -------------------------------
  * Their READY carries no more than their id, and their pages no part of
  * their own yet. */
@@ -98,7 +98,7 @@ static void speech_ready(Stage *s, yajl_val v, char *desc, size_t cap) {
 static const StageKind STAGE_KINDS[STAGES_N] = {
     [STAGES_THINKER] = { "thinker", thinker_init, thinker_ready,
                          sup_reset_thinker, metrics_thinker },
-#ifdef OMNI_SPEECH_STAGES
+#ifdef OMNI_HAVE_SPEECH
     [STAGES_TALKER] = { "talker", speech_init, speech_ready, sup_reset_none,
                         metrics_none },
     [STAGES_VOICEBOX] = { "voicebox", speech_init, speech_ready,

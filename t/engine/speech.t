@@ -6,7 +6,7 @@
 # speech streams fails those 8 only, not 4 text streams beside them, and
 # restarts. The helpers are in proto.pl.
 #
-# Without the talker and voicebox stages in the build (OMNI_SPEECH_STAGES),
+# Without the talker and voicebox stages in the build (OMNI_HAVE_SPEECH),
 # speech is refused with 501 speech_unavailable and text is served: that
 # is checked, and the rest is skipped.
 use strict;
@@ -18,8 +18,10 @@ our ($ENGINE, $TMP, %F);
 
 my $SPEECH = { input => 'Hello there. This is a test of the speech path.',
                audio => { voice => 'alloy', format => 'pcm' } };
+# long enough that the thinker is still writing when the first audio
+# comes (the test model writes hundreds of tokens a second)
 my $CHAT = { messages => [{ role => 'user', content => 'Tell me a story' }],
-             max_tokens => 40, temperature => 0,
+             max_tokens => 400, temperature => 0,
              audio => { voice => 'alloy', format => 'wav' } };
 my $TEXT = { prompt => 'Once upon a time', max_tokens => 200,
              temperature => 0 };
@@ -28,17 +30,6 @@ sub ok_done {
     my ($r, $name) = @_;
     ok($r->{done} && !$r->{error} && $r->{eof}, "$name: DONE, then closed")
         or diag explain $r->{error};
-}
-
-# The pid of the stage process named $kind: the frontend's child whose
-# command line says `stage KIND`.
-sub stage_pid_of {
-    my ($srv, $kind) = @_;
-    for my $pid (split ' ', `ps -o pid= --ppid $srv->{pid}`) {
-        my $cmd = slurp("/proc/$pid/cmdline");
-        return $pid if $cmd =~ /\0stage\0\Q$kind\E\0/;
-    }
-    return undef;
 }
 
 my $stages = `$ENGINE stage nosuch 2>&1`;
@@ -160,7 +151,7 @@ unless ($has_speech) {
     my $long = { input => 'The quick brown fox jumps over the lazy dog. ' x 30,
                  audio => { voice => 'alloy', format => 'pcm' } };
     my @reqs = ((map { $long } 1 .. 8), (map { $TEXT } 1 .. 4));
-    my $vb = stage_pid_of($srv, 'voicebox');
+    my $vb = stage_pid($srv, 'voicebox');
     ok($vb, 'kill: the voicebox runs');
     my $killed = 0;
     my @r = run_concurrent($srv, \@reqs, on_read => sub {
@@ -180,7 +171,7 @@ unless ($has_speech) {
     }
     ok_done($r[$_], "kill: text $_ untouched") for 8 .. 11;
     ok(wait_health($srv, 200), 'kill: health 200 again');
-    my $new = stage_pid_of($srv, 'voicebox');
+    my $new = stage_pid($srv, 'voicebox');
     ok($new && $new != $vb, 'kill: the voicebox restarted');
     my $r = request($srv, $SPEECH);
     ok_done($r, 'kill: the next speech request');
