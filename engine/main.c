@@ -550,7 +550,8 @@ static const char *const SERVE_VALS[] = {
     "max-batch-tokens", "max-seqs", "max-queue", "block-size", "kv-cache-mb",
     "drain-timeout", "read-timeout", "stage-unready-after",
     "stage-kill-after", "log-level", "lock-file", "pool-blocks",
-    "pool-block-kib", NULL
+    "pool-block-kib", "voicebox-slots", "speech-first-words",
+    "speech-chunk-words", "speech-quality-words", NULL
 };
 static const char *const SERVE_FLAGS[] = {
     "mmap", "no-prefix-cache", "replace", NULL
@@ -621,6 +622,13 @@ static void read_serve(const Opts *o, ServeConfig *c, char *name, size_t cap)
     }
     c->pool_fd = 0;
     c->stage_owner = 0;
+    c->voicebox_slots = (int) opt_int(o, "voicebox-slots", 0, 1, 1024);
+    c->speech_first_words = (int) opt_int(o, "speech-first-words", 0, 1,
+                                          1000);
+    c->speech_chunk_words = (int) opt_int(o, "speech-chunk-words", 0, 1,
+                                          1000);
+    c->speech_quality_words = (int) opt_int(o, "speech-quality-words", 0, 1,
+                                            1000);
     log_set_level(parse_log_level(opt_str(o, "log-level", "info")));
 }
 
@@ -787,6 +795,9 @@ static void usage(FILE *f) {
           "             [--stage-unready-after 10] [--stage-kill-after 60]\n"
           "             [--log-level info] [--lock-file PATH [--replace]]\n"
           "             [--pool-blocks 512] [--pool-block-kib 32]\n"
+          "             [--voicebox-slots N] [--speech-first-words 4]\n"
+          "             [--speech-chunk-words 12] "
+          "[--speech-quality-words 40]\n"
           "  stage      NAME --ipc-fd N --stats-fd N [--pool-fd N]\n"
           "             [--stage-owner N] [serve options]\n"
           "             (started by serve, not by hand)\n"
