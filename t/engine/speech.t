@@ -12,6 +12,7 @@
 use strict;
 use warnings;
 use Test::More;
+use JSON::PP;
 use Time::HiRes qw(time sleep);
 require './t/engine/proto.pl';
 our ($ENGINE, $TMP, %F);
@@ -144,6 +145,33 @@ unless ($has_speech) {
     }
     is($m->{omni_engine_pool_blocks_used}, 0, 'cancel: pool back to empty');
     unlike(slurp($srv->{log}), qr/a leak/, 'cancel: no leaked block logged');
+}
+
+# --- a client that stops reading: the voicebox is paused, not the request
+# cancelled (without flow control its ~8 MiB of pcm would pass the 8 MiB
+# limit on a client's pending output) --------------------------------------
+{
+    my $long = { input => ('The quick brown fox jumps over the lazy dog. '
+                           x 90),
+                 audio => { voice => 'alloy', format => 'pcm' } };
+    my $s = engine_connect($srv) or die "connect: $!";
+    $s->syswrite(frame($F{REQUEST}, encode_json($long)));
+    sleep 8;                                # not reading: the voicebox
+                                            #   makes ~2 MB/s here
+    my $r = new_reply();
+    while ($s->sysread(my $chunk, 1 << 16)) {
+        $r->{buf} .= $chunk;
+        add_frames($r, take_frames(\$r->{buf}));
+    }
+    close $s;
+    ok($r->{done} && !$r->{error}, 'slow reader: served to the end')
+        or diag explain $r->{error};
+    ok(length($r->{audio}) > (4 << 20), 'slow reader: '
+       . length($r->{audio}) . ' bytes of audio');
+    is($r->{done}{audio_ms}, int(length($r->{audio}) / 48),
+       'slow reader: audio_ms says the bytes sent');
+    unlike(slurp($srv->{log}), qr/MiB behind; cancelling/,
+           'slow reader: not cancelled');
 }
 
 # --- the voicebox killed under 8 speech and 4 text streams -----------------
