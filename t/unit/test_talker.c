@@ -2,8 +2,11 @@
  * chunker, analyzer and a real pool, without processes: requests and text
  * in, chunks of units out as pool blocks (decoded and checked here), DONE
  * counts, both modes, streaming byte by byte against the whole text,
- * cancel, a full pool, bounds and refusals. */
+ * cancel, a full pool, bounds and refusals; then the stage row
+ * (talker.c) run by the skeleton on a thread, over a socketpair, as the
+ * frontend drives it. */
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -11,11 +14,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "request.h"
 #include "synth.h"
 #include "talk.h"
+#include "talker.h"
 
 #define MAX_OUT 256
 
@@ -372,6 +379,159 @@ static void test_edges(void **state) {
     free(f);
 }
 
+
+/* ---- The stage row, through the skeleton ------------------------------- */
+
+typedef struct {
+    int       sv[2];            // [0]: the frontend's, [1]: the stage's
+    Pool      pool;
+    pthread_t th;
+    int       rc;
+    Err       err;
+} Rig;
+
+static void *run_stage(void *arg) {
+    Rig        *r = arg;
+    ServeConfig cfg = { .model_path = "x", .max_seqs = 4, .max_queue = 4,
+                        .pool_fd = r->pool.fd, .stage_owner = 2 };
+
+    r->rc = stage_main(&talker_stage, &cfg, r->sv[1], -1, &r->err);
+    return NULL;
+}
+
+static void read_all(int fd, uint8_t *p, size_t n) {
+    while (n > 0) {
+        ssize_t k = read(fd, p, n);
+
+        assert_true(k > 0);
+        p += k;
+        n -= (size_t) k;
+    }
+}
+
+/* The next frame: its type; for an EVENT, *id, the inner type in *inner
+ * and its payload at buf + 8 + OMNI_FRAME_HDR. */
+static uint8_t next_frame(Rig *r, uint8_t *buf, size_t cap, uint64_t *id,
+                          uint8_t *inner)
+{
+    uint8_t      h[OMNI_FRAME_HDR];
+    OmniFrameHdr hdr, in;
+
+    read_all(r->sv[0], h, sizeof(h));
+    omni_hdr_decode(&hdr, h);
+    assert_true(hdr.len <= cap);
+    read_all(r->sv[0], buf, hdr.len);
+    if (hdr.len >= 8) *id = omni_rd64(buf);
+    if (hdr.type == OMNI_F_STAGE_EVENT) {
+        omni_hdr_decode(&in, buf + 8);
+        *inner = in.type;
+    }
+    return hdr.type;
+}
+
+/* A frame of type for id: the id, then an inner frame (inner, n bytes of
+ * p) when inner is not 0, else p as it is. */
+static void send_frame(Rig *r, uint8_t type, uint64_t id, uint8_t inner,
+                       const void *p, size_t n)
+{
+    uint8_t out[512];
+    size_t  hdr = inner != 0 ? OMNI_FRAME_HDR : 0;
+
+    assert_true(2 * OMNI_FRAME_HDR + 8 + n <= sizeof(out));
+    omni_hdr_encode(out, type, (uint32_t) (8 + hdr + n));
+    omni_wr64(out + OMNI_FRAME_HDR, id);
+    if (inner != 0) omni_hdr_encode(out + OMNI_FRAME_HDR + 8, inner,
+                                    (uint32_t) n);
+    memcpy(out + OMNI_FRAME_HDR + 8 + hdr, p, n);
+    assert_int_equal(write(r->sv[0], out, OMNI_FRAME_HDR + 8 + hdr + n),
+                     (ssize_t) (OMNI_FRAME_HDR + 8 + hdr + n));
+}
+
+/* Frames until request id's DONE or ERROR: its blocks are checked and
+ * dropped. Returns the inner type that ended it; *blocks counts them. */
+static uint8_t drain(Rig *r, uint64_t id, int *blocks) {
+    uint8_t  buf[1024], inner = 0, type;
+    uint64_t got = 0;
+    Err      err;
+
+    *blocks = 0;
+    for (;;) {
+        type = next_frame(r, buf, sizeof(buf), &got, &inner);
+        if (type != OMNI_F_STAGE_EVENT || got != id) continue;
+        if (inner != OMNI_F_STAGE_BLOCK) return inner;
+        const uint8_t *p = buf + 8 + OMNI_FRAME_HDR;
+        PoolRef        ref = { omni_rd32(p), omni_rd32(p + 4),
+                               omni_rd32(p + 8) };
+
+        assert_int_equal(pool_check(&r->pool, ref, &err), 0);
+        assert_int_equal(pool_unref(&r->pool, ref.block), 1);
+        (*blocks)++;
+    }
+}
+
+static void test_stage_row(void **state) {
+    static const char speak[] = "{\"input\": \"Hello there, my old friend.\","
+        " \"audio\": {\"voice\": \"ash\"}}";
+    static const char talk[] = "{\"prompt\": \"Hi\", \"audio\": {\"voice\":"
+        " \"ash\"}}";
+    uint8_t   buf[1024], inner = 0, bad[16] = { 0 }, done[OMNI_DONE_LEN];
+    uint64_t  id = 0;
+    int       blocks, b;
+    Rig       r;
+    Err       err;
+    PoolStats st;
+    struct timeval tv = { 10, 0 };  // a stuck stage fails, not hangs
+
+    (void) state;
+    memset(&r, 0, sizeof(r));
+    assert_int_equal(pool_create(&r.pool, 8, 32 << 10, &err), 0);
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, r.sv), 0);
+    setsockopt(r.sv[0], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    assert_int_equal(pthread_create(&r.th, NULL, run_stage, &r), 0);
+    assert_int_equal(next_frame(&r, buf, sizeof(buf), &id, &inner),
+                     OMNI_F_STAGE_READY);
+    assert_memory_equal(buf, "{\"id\":\"flite\"}", 14);
+
+    send_frame(&r, OMNI_F_STAGE_SUBMIT, 1, 0, speak, sizeof(speak) - 1);
+    assert_int_equal(drain(&r, 1, &blocks), OMNI_F_DONE);
+    assert_true(blocks >= 2);                   // latency: a short first
+
+    send_frame(&r, OMNI_F_STAGE_SUBMIT, 2, 0, talk, sizeof(talk) - 1);
+    send_frame(&r, OMNI_F_STAGE_INPUT, 2, OMNI_F_TEXT, "Once upon a ", 12);
+    send_frame(&r, OMNI_F_STAGE_INPUT, 2, OMNI_F_TEXT, "time.", 5);
+    memset(done, 0, sizeof(done));
+    send_frame(&r, OMNI_F_STAGE_INPUT, 2, OMNI_F_DONE, done, sizeof(done));
+    assert_int_equal(drain(&r, 2, &blocks), OMNI_F_DONE);
+    assert_true(blocks >= 1);
+
+    /* a BLOCK is not the talker's input: its reference is dropped and the
+       request fails */
+    send_frame(&r, OMNI_F_STAGE_SUBMIT, 3, 0, talk, sizeof(talk) - 1);
+    b = pool_alloc(&r.pool, 1, 3);
+    assert_true(b >= 0);
+    omni_wr32(bad, (uint32_t) b);
+    omni_wr32(bad + 8, 4);
+    send_frame(&r, OMNI_F_STAGE_INPUT, 3, OMNI_F_STAGE_BLOCK, bad,
+               sizeof(bad));
+    assert_int_equal(drain(&r, 3, &blocks), OMNI_F_ERROR);
+
+    send_frame(&r, OMNI_F_STAGE_CANCEL, 9, 0, "", 0);  // unknown: acked
+    do {
+        inner = 0;
+    } while (next_frame(&r, buf, sizeof(buf), &id, &inner)
+             != OMNI_F_STAGE_CANCELLED);
+    assert_int_equal(id, 9);
+
+    shutdown(r.sv[0], SHUT_WR);
+    pthread_join(r.th, NULL);
+    assert_int_equal(r.rc, 0);
+    pool_stats(&r.pool, &st);
+    assert_int_equal(st.used, 0);
+    close(r.sv[0]);
+    close(r.sv[1]);
+    pool_destroy(&r.pool);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_modes),
@@ -379,6 +539,7 @@ int main(void) {
         cmocka_unit_test(test_full_pool),
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_edges),
+        cmocka_unit_test(test_stage_row),
     };
 
     cmocka_set_message_output(CM_OUTPUT_TAP);
