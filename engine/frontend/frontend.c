@@ -28,8 +28,8 @@
  * (in the id table; the stage's events for it are forwarded) -> CLOSING
  * (its last frame is queued; closed once flushed). Control frames and
  * refused requests go from READ to CLOSING at once. A client that closes
- * or fails while ACTIVE is a cancel: CANCEL goes to the stage and the
- * connection is freed. Each connection's queued output is bounded
+ * or fails while ACTIVE is a cancel: CANCEL goes to every stage of its
+ * route still working on it (route.c) and the connection is freed. Each connection's queued output is bounded
  * (CONN_MAX_PENDING): a client that stops reading is cancelled and dropped
  * rather than allowed to grow our memory.
  *

@@ -282,8 +282,10 @@ int stages_health(const Frontend *fe, const Stage *s, char *why, size_t cap)
                  sp->last_line);
     } else if (sp->exit_desc[0] != '\0') {
         snprintf(why, cap, "the %s stage is restarting", name);
-    } else {
+    } else if (s->row == STAGES_THINKER) {
         snprintf(why, cap, "the model is loading");
+    } else {
+        snprintf(why, cap, "the %s stage is starting", name);
     }
     return 503;
 }
