@@ -37,6 +37,10 @@
 #include "stage.h"
 #include "thinker.h"
 #include "tokenizer.h"
+#ifdef OMNI_HAVE_SPEECH
+#include "talker.h"
+#include "voicebox.h"
+#endif
 
 #define MAX_OPTS 32
 
@@ -546,7 +550,8 @@ static const char *const SERVE_VALS[] = {
     "max-batch-tokens", "max-seqs", "max-queue", "block-size", "kv-cache-mb",
     "drain-timeout", "read-timeout", "stage-unready-after",
     "stage-kill-after", "log-level", "lock-file", "pool-blocks",
-    "pool-block-kib", NULL
+    "pool-block-kib", "voicebox-slots", "speech-first-words",
+    "speech-chunk-words", "speech-quality-words", NULL
 };
 static const char *const SERVE_FLAGS[] = {
     "mmap", "no-prefix-cache", "replace", NULL
@@ -617,6 +622,13 @@ static void read_serve(const Opts *o, ServeConfig *c, char *name, size_t cap)
     }
     c->pool_fd = 0;
     c->stage_owner = 0;
+    c->voicebox_slots = (int) opt_int(o, "voicebox-slots", 0, 1, 1024);
+    c->speech_first_words = (int) opt_int(o, "speech-first-words", 0, 1,
+                                          1000);
+    c->speech_chunk_words = (int) opt_int(o, "speech-chunk-words", 0, 1,
+                                          1000);
+    c->speech_quality_words = (int) opt_int(o, "speech-quality-words", 0, 1,
+                                            1000);
     log_set_level(parse_log_level(opt_str(o, "log-level", "info")));
 }
 
@@ -635,8 +647,16 @@ static int cmd_serve(int argc, char **argv) {
     return 0;
 }
 
-/* The stages `stage NAME` runs, one row each (stage.h). */
-static const StageOps *const STAGES[] = { &thinker_stage };
+/* The stages `stage NAME` runs, one row each (stage.h). The speech stages
+ * are built with OMNI_HAVE_SPEECH (native builds, once their code is
+ * in); the frontend's table (frontend/stages.c) follows the same macro. */
+static const StageOps *const STAGES[] = {
+    &thinker_stage,
+#ifdef OMNI_HAVE_SPEECH
+    &talker_stage,
+    &voicebox_stage,
+#endif
+};
 
 #define N_STAGES (sizeof(STAGES) / sizeof(STAGES[0]))
 
@@ -775,6 +795,9 @@ static void usage(FILE *f) {
           "             [--stage-unready-after 10] [--stage-kill-after 60]\n"
           "             [--log-level info] [--lock-file PATH [--replace]]\n"
           "             [--pool-blocks 512] [--pool-block-kib 32]\n"
+          "             [--voicebox-slots N] [--speech-first-words 4]\n"
+          "             [--speech-chunk-words 12] "
+          "[--speech-quality-words 40]\n"
           "  stage      NAME --ipc-fd N --stats-fd N [--pool-fd N]\n"
           "             [--stage-owner N] [serve options]\n"
           "             (started by serve, not by hand)\n"

@@ -91,7 +91,7 @@ my $m = wait_engine_idle(10);
 is($m->{omni_engine_requests_cancelled_total}
    - $before->{omni_engine_requests_cancelled_total}, 1,
    "$name: the engine cancelled the sequence");
-is($m->{omni_engine_num_requests_running}, 0, "$name: nothing running");
+is($m->{'omni_engine_num_requests_running{stage="thinker"}'}, 0, "$name: nothing running");
 is($m->{'omni_engine_kv_cache_blocks{state="used"}'}, 0,
    "$name: no KV block in use");
 my ($n) = nginx_metrics() =~ /^omni_nginx_client_aborts_total (\d+)$/m;
@@ -120,7 +120,7 @@ my $m = wait_engine_idle(10);
 is($m->{omni_engine_requests_cancelled_total}
    - $before->{omni_engine_requests_cancelled_total}, 2,
    "$name: the engine cancelled the 2 closed streams");
-is($m->{omni_engine_num_requests_running}, 0, "$name: nothing running");
+is($m->{'omni_engine_num_requests_running{stage="thinker"}'}, 0, "$name: nothing running");
 is($m->{'omni_engine_kv_cache_blocks{state="used"}'}, 0,
    "$name: no KV block in use");
 my $t = nginx_metrics();

@@ -86,7 +86,7 @@ for my $n (qw(num_requests_running num_requests_waiting kv_cache_usage_perc
               requests_cancelled_total stage_ready)) {
     like($body, qr/^# TYPE omni_engine_$n /m, "$name: engine's $n");
 }
-is($m{omni_engine_stage_ready}, 1, "$name: the engine's stage is ready");
+is($m{'omni_engine_stage_ready{stage="thinker"}'}, 1, "$name: the engine's stage is ready");
 for my $n (qw(client_aborts_total upstream_errors_total auth_failures_total
               engine_up)) {
     like($body, qr/^# HELP omni_nginx_$n .+\n# TYPE omni_nginx_$n /m,
@@ -159,9 +159,9 @@ if ($i == 0) {
          )silent for [\d.]+ s/, "$name: the reason says it is silent");
 } else {
     my %m = prom($body);
-    is($m{omni_engine_stage_ready}, 0, "$name: stage_ready 0");
-    ok($m{omni_engine_stage_heartbeat_age_seconds} >= 2,
-       "$name: heartbeat age $m{omni_engine_stage_heartbeat_age_seconds}");
+    is($m{'omni_engine_stage_ready{stage="thinker"}'}, 0, "$name: stage_ready 0");
+    ok($m{'omni_engine_stage_heartbeat_age_seconds{stage="thinker"}'} >= 2,
+       "$name: heartbeat age " . $m{'omni_engine_stage_heartbeat_age_seconds{stage="thinker"}'});
     is($m{omni_nginx_engine_up}, 1, "$name: the engine itself answers");
     ::cont();
 }
@@ -208,7 +208,7 @@ if ($i == 0) {
 } else {
     my %m = prom($body);
     is($m{omni_nginx_engine_up}, 0, "$name: engine_up 0");
-    ok(!defined $m{omni_engine_stage_ready}, "$name: no engine metrics");
+    ok(!defined $m{'omni_engine_stage_ready{stage="thinker"}'}, "$name: no engine metrics");
     ok($took < 5, sprintf("$name: both answered after %.1f s", $took));
     ::cont();
 }

@@ -60,6 +60,7 @@ static void read_leave(Frontend *fe, Conn *c) {
 /* Frees a closed connection's reader and parks it for conn_free_dead. */
 static void conn_release(Frontend *fe, Conn *c) {
     frame_reader_free(&c->rd);
+    tb_free(&c->said);
     c->next = fe->dead;
     fe->dead = c;
 }
@@ -84,10 +85,10 @@ void conn_close(Frontend *fe, Conn *c) {
 }
 
 /* The client went away (EOF, reset, write error): a request in flight is
- * cancelled at the stage. */
+ * cancelled at every stage of its route still working on it. */
 void conn_gone(Frontend *fe, Conn *c) {
     if (c->state == CONN_ACTIVE) {
-        stages_send(fe, c->stage, OMNI_F_STAGE_CANCEL, c->id, NULL, 0);
+        route_cancel(fe, c, 0);
         fe->metrics.cancelled++;
         log_msg(LOG_DEBUG, "request %" PRIu64 " cancelled by its client",
                 c->id);
@@ -108,6 +109,7 @@ void conn_flush(Frontend *fe, Conn *c) {
         conn_close(fe, c);
         return;
     }
+    route_flow(fe, c);
     ev = c->state == CONN_CLOSING ? 0 : EPOLLIN;
     if (frame_writer_pending(&c->wr) > 0) ev |= EPOLLOUT;
     frontend_ep_set(fe, c->fd, &c->events, ev, c);
@@ -166,6 +168,7 @@ void conn_accept(Frontend *fe, int fd) {
     fe->rtail = c;
     frame_reader_init(&c->rd, OMNI_DIR_TO_ENGINE);
     frame_writer_init(&c->wr);
+    tb_init(&c->said);
     c->next = fe->conns;
     if (fe->conns != NULL) fe->conns->prev = c;
     fe->conns = c;
@@ -227,28 +230,51 @@ static bool prompt_too_long(Frontend *fe, Conn *c, const Parsed *p) {
     return true;
 }
 
-/* The checks after the parse, then the stage that serves the request
- * (stages_route) gets it. Frees what p holds. */
-/* Speech out, and assistant turns that refer to spoken answers: neither
- * has a stage to serve it yet (the talker and the voicebox are being
- * built), so they are refused by name rather than sent to the thinker.
- * No transcript is kept, so every audio id is unknown. */
-static bool speech_refused(Frontend *fe, Conn *c, const Parsed *p) {
-    char param[64], why[256];
+/* Speech out without the talker and voicebox stages in this build
+ * (OMNI_HAVE_SPEECH) is refused by name rather than sent to the
+ * thinker. */
+static bool speech_refused(Frontend *fe, Conn *c, bool routed) {
+    if (routed) return false;
+    conn_error(fe, c, 501, "audio", "speech_unavailable", "speech output "
+               "is not available: this engine was built without the talker "
+               "and voicebox stages");
+    return true;
+}
 
-    if (p->req.speech.on) {
-        conn_error(fe, c, 501, "audio", "speech_unavailable", "speech output "
-                   "is not available yet: this engine has no talker and "
-                   "voicebox stages");
+/* The request JSON the stages get: the client's, or with the transcripts
+ * of the spoken answers its messages refer to attached (transcripts.h),
+ * then in *owned (malloc'd, the caller frees it). Returns false when it
+ * refused c: an unknown or expired audio id (400), out of memory (503). */
+static bool with_transcripts(Frontend *fe, Conn *c, const OmniRequest *r,
+                             const char **json, size_t *len, char **owned)
+{
+    double t = clock_now_s();
+    int    missing = -1;
+    long   n;
+    char   param[64], why[128];
+
+    *owned = NULL;
+    n = transcripts_attach(&fe->transcripts, r, *json, *len, t, NULL, 0,
+                           &missing);
+    if (n == 0) return true;
+    if (n > 0 && (*owned = malloc((size_t) n)) != NULL) {
+        transcripts_attach(&fe->transcripts, r, *json, *len, t, *owned,
+                           (size_t) n, &missing);
+        *json = *owned;
+        *len = (size_t) n;
         return true;
     }
-    for (int i = 0; p->req.chat && i < p->req.n_msgs; i++) {
-        if (p->req.audio_ids[i] == NULL) continue;
-        snprintf(param, sizeof(param), "messages[%d].audio.id", i);
-        snprintf(why, sizeof(why), "Audio with id '%s' not found.",
-                 p->req.audio_ids[i]);
+    if (n > 0) {
+        conn_error(fe, c, 503, NULL, "out_of_memory", "out of memory "
+                   "attaching the transcripts of earlier spoken answers");
+    } else if (missing < 0) {
+        conn_error(fe, c, 500, NULL, NULL, "the request JSON has no "
+                   "closing brace after its parse (a bug)");
+    } else {
+        snprintf(param, sizeof(param), "messages[%d].audio.id", missing);
+        snprintf(why, sizeof(why), "Audio with id '%.64s' not found.",
+                 r->audio_ids[missing]);
         conn_error(fe, c, 400, param, NULL, why);
-        return true;
     }
     return false;
 }
@@ -256,8 +282,9 @@ static bool speech_refused(Frontend *fe, Conn *c, const Parsed *p) {
 static void request_checked(Frontend *fe, Conn *c, Parsed *p) {
     const char *json = (const char *) c->rd.payload;
     size_t      len = c->rd.hdr.len;
-    char        why[1024];
-    Stage      *s;
+    char        why[1024], *owned = NULL;
+    Route       rt;
+    bool        routed;
 
     if (p->rc != 0) {
         conn_error(fe, c, p->e.status, p->e.param[0] ? p->e.param : NULL,
@@ -277,32 +304,39 @@ static void request_checked(Frontend *fe, Conn *c, Parsed *p) {
         request_free(&p->req);
         return;
     }
-    if (speech_refused(fe, c, p)) {
+    routed = route_build(fe, &p->req, &rt);
+    if (speech_refused(fe, c, routed)
+        || !with_transcripts(fe, c, &p->req, &json, &len, &owned))
+    {
         request_free(&p->req);
         return;
     }
-    s = stages_route(fe, &p->req);
+    if (p->req.speech.on && p->req.speech.id != NULL) {
+        snprintf(c->keep_id, sizeof(c->keep_id), "%s", p->req.speech.id);
+    }
     request_free(&p->req);
     /* while draining, what reaches us was queued before the socket file
        went (or passed to our replacement): it is served like the rest */
     if (fe->phase == PHASE_FINISH) {    // the parse thread took a while
+        free(owned);
         conn_error(fe, c, 503, NULL, "engine_shutdown",
                    "the engine is shutting down");
         return;
     }
-    if (!stages_live(fe, s)) {
-        stages_health(fe, s, why, sizeof(why));
+    if (!route_live(fe, &rt, why, sizeof(why))) {
+        free(owned);
         conn_error(fe, c, 503, NULL, "engine_not_ready", why);
         return;
     }
     c->id = fe->next_id++;
-    c->stage = s;
+    c->route = rt;
     c->state = CONN_ACTIVE;
     c->hnext = *id_slot(fe, c->id);
     *id_slot(fe, c->id) = c;
     fe->n_active++;
     c->t_submit = clock_now_s();
-    stages_send(fe, s, OMNI_F_STAGE_SUBMIT, c->id, json, len);
+    route_submit(fe, c, json, len);
+    free(owned);
 }
 
 /* Validates the REQUEST (so a client mistake is answered here, without a
@@ -380,9 +414,7 @@ static void conn_read_after(Frontend *fe, Conn *c) {
     ssize_t n = read(c->fd, b, sizeof(b));
 
     if (n > 0) {
-        if (c->state == CONN_ACTIVE) {
-            stages_send(fe, c->stage, OMNI_F_STAGE_CANCEL, c->id, NULL, 0);
-        }
+        if (c->state == CONN_ACTIVE) route_cancel(fe, c, 0);
         conn_error(fe, c, 400, NULL, NULL,
                    "one frame per connection: unexpected data after it");
     } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {

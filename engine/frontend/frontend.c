@@ -1,6 +1,6 @@
 /* frontend.c -- the frontend process of `omni-engine serve`: the Unix
- * socket server, routing requests to the stages (today the thinker) and
- * their events back, supervising the stages, and answering health, models
+ * socket server, routing requests through the stages (route.c) and their
+ * events back, supervising the stages, and answering health, models
  * and metrics.
  *
  * Four files share the work (frontend_impl.h holds what they share):
@@ -28,13 +28,13 @@
  * (in the id table; the stage's events for it are forwarded) -> CLOSING
  * (its last frame is queued; closed once flushed). Control frames and
  * refused requests go from READ to CLOSING at once. A client that closes
- * or fails while ACTIVE is a cancel: CANCEL goes to the stage and the
- * connection is freed. Each connection's queued output is bounded
+ * or fails while ACTIVE is a cancel: CANCEL goes to every stage of its
+ * route still working on it (route.c) and the connection is freed. Each connection's queued output is bounded
  * (CONN_MAX_PENDING): a client that stops reading is cancelled and dropped
  * rather than allowed to grow our memory.
  *
- * Each stage in the table (stages.c; one row per kind of stage, the
- * thinker alone today) gets the requests stages_route sends it, and lives
+ * Each stage in the table (stages.c; one row per kind of stage) gets the
+ * requests whose route (route.c) passes through it, and lives
  * on its own: DOWN (no process; restart_at) -> LOADING (started) -> READY
  * -> GONE (its channel hit EOF, the process is not reaped yet) -> DOWN.
  * Requests in flight are failed when the process is reaped, not at EOF:
@@ -201,6 +201,7 @@ static void reply_metrics(Frontend *fe, Conn *c) {
     g.stages = ms;
     g.n_stages = STAGES_N;
     g.connections = fe->n_conns;
+    pool_stats(&fe->pool, &g.pool);
     g.rss_frontend = metrics_rss(0);
     tb_init(&tb);
     metrics_render(&tb, &fe->metrics, &g);
@@ -477,6 +478,9 @@ static void frontend_free(Frontend *fe) {
     listen_close(fe);
     listen_unlink(fe);
     stages_free(fe);
+    route_free(fe);
+    transcripts_free(&fe->transcripts);
+    pool_destroy(&fe->pool);
     if (fe->sfd >= 0) close(fe->sfd);
     if (fe->ep >= 0) close(fe->ep);
     if (fe->lock_fd >= 0) close(fe->lock_fd);   // last: the socket is gone
@@ -488,7 +492,22 @@ int frontend_run(const ServeConfig *cfg, int argc, char **argv, Err *err) {
 
     if (fe == NULL) return err_set(err, "out of memory");
     frontend_init(fe, cfg);
+    if (pool_create(&fe->pool, (uint32_t) cfg->pool_blocks,
+                    (uint32_t) cfg->pool_block_kib << 10, err) != 0)
+    {
+        free(fe);
+        return -1;
+    }
+    if (transcripts_init(&fe->transcripts, TRANSCRIPTS_MAX_ENTRIES,
+                         TRANSCRIPTS_MAX_BYTES, err) != 0)
+    {
+        pool_destroy(&fe->pool);
+        free(fe);
+        return -1;
+    }
     if (stages_init(fe, argc, argv, err) != 0) {
+        transcripts_free(&fe->transcripts);
+        pool_destroy(&fe->pool);
         free(fe);
         return -1;
     }

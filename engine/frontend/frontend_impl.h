@@ -22,13 +22,17 @@
 
 #include "frame.h"
 #include "metrics.h"
+#include "pool.h"
 #include "request.h"
 #include "serve.h"
 #include "stage_channel.h"
 #include "supervisor.h"
+#include "transcripts.h"
 #include "workq.h"
 
 #define ID_BUCKETS        4096          // request id table (power of 2)
+#define CONN_MAX_PENDING  (8u << 20)    // queued output per client: past
+                                        //   it the request is cancelled
 
 typedef enum {
     SRC_LISTEN,
@@ -66,6 +70,33 @@ typedef struct {
 
 struct Conn;
 
+/* The stages a request passes through, in order (route.c): the thinker
+ * alone for text; thinker, talker, voicebox for a chat or prompt with
+ * "audio"; talker, voicebox for "input". Bits are row indices
+ * (Stage.row), so a stage's death finds its requests by one test. */
+#define ROUTE_MAX 3
+
+typedef struct {
+    struct Stage *hop[ROUTE_MAX];   // borrowed rows
+    int           n;
+    uint32_t      working;      // rows that hold the request and have not
+                                //   ended their part (DONE) yet
+    bool          paused;       // PAUSE sent to the last hop
+    bool          has_done;     // done holds the first hop's DONE
+    OmniDone      done;         // counts merged from every hop's DONE
+} Route;
+
+/* A request cancelled at stages that have not answered yet: its blocks
+ * are reclaimed (pool_reclaim_request) once every one of them answered
+ * CANCELLED or died. */
+typedef struct CancelRec {
+    uint64_t          id;
+    uint32_t          waiting;  // rows still to answer
+    uint32_t          dead;     // rows whose death failed it: their
+                                //   blocks are reclaimed by owner after
+    struct CancelRec *next;
+} CancelRec;
+
 /* One parse on the parse thread. json is the connection's reader payload,
  * which stays put while the job is out (conn_close leaves the reader to
  * conn_on_parsed). */
@@ -86,26 +117,32 @@ typedef struct Conn {
     FrameReader   rd;           // OMNI_DIR_TO_ENGINE
     FrameWriter   wr;
     uint64_t      id;           // request id, 0 before submission
-    struct Stage *stage;        // where its request went (borrowed), NULL
-                                //   before submission
+    Route         route;        // where its request goes; n 0 before
+                                //   submission
     double        t_arrive;     // REQUEST read (monotonic s), 0: none
     double        t_submit;     // SUBMIT queued to the stage
     double        t_first;      // first TEXT forwarded, 0: none yet
+    double        t_audio;      // first AUDIO forwarded, 0: none yet
     double        t_accept;     // accepted (monotonic s)
     struct Conn  *prev, *next;  // every open connection
     struct Conn  *rprev, *rnext;// in READ, oldest first: one timeout for
                                 //   all, so the head's deadline is next
     struct Conn  *hnext;        // chain in the id table
     ParseJob     *job;          // its parse, while out (owned)
+    char          keep_id[SPEECH_MAX_ID + 1]; // a spoken chat answer's
+                                //   audio id: its text is kept under it
+                                //   at DONE (transcripts.h); "": none
+    TextBuf       said;         // that text so far (owned)
 } Conn;
 
 
 /* ---- The table of stages ------------------------------------------------
- * One row per kind of stage process the frontend runs: today the thinker
- * alone. A row is a constant part (StageKind: the name, and what is the
+ * One row per kind of stage process the frontend runs: the thinker, and
+ * with speech (OMNI_HAVE_SPEECH: the talker and voicebox are linked in)
+ * the talker and the voicebox. A row is a constant part (StageKind: the name, and what is the
  * kind's own in READY, the page's gauges and the metrics) and the process
  * it supervises (Stage). Adding a stage is a row in stages.c's table and
- * its three functions; requests reach it through stages_route. */
+ * its three functions; requests reach it through route.c. */
 
 typedef enum {
     STAGE_DOWN,
@@ -140,6 +177,7 @@ typedef struct {
 
 struct Stage {
     Source           s_chan;    // SRC_STAGE: its channel
+    int              row;       // its index in the table; owner tag row+1
     Source           s_err;     // SRC_STAGE_ERR: its stderr
     const StageKind *kind;      // its row's constant part (static)
     StageProc        sp;
@@ -157,6 +195,10 @@ struct Stage {
     char             kill_why[96];  //   silence, and why (its requests'
                                     //   errors say it)
     double           watch_at;  // next heartbeat check, INFINITY: none
+    bool             reclaim_pending;   // died; its blocks are reclaimed
+                                        //   (and it restarts) once the
+                                        //   stages its requests were
+                                        //   cancelled at have answered
     union {
         ThinkerReady thinker;
     } ready;                    // what its READY said, by kind
@@ -164,6 +206,10 @@ struct Stage {
 
 enum {
     STAGES_THINKER,
+#ifdef OMNI_HAVE_SPEECH
+    STAGES_TALKER,
+    STAGES_VOICEBOX,
+#endif
     STAGES_N,
 };
 
@@ -200,6 +246,11 @@ typedef struct Frontend {
     long long    created;       // unix time the frontend started
 
     Stage        stages[STAGES_N];  // the table of stages
+    Pool         pool;          // shared memory for the stages' bulk data
+                                //   (units, audio), given to each at
+                                //   STAGE_POOL_FD; owned
+    CancelRec   *cancels;       // cancelled, not yet answered everywhere
+    Transcripts  transcripts;   // spoken answers' text by audio id
 
     /* connections */
     Conn        *conns;         // list of open connections
@@ -255,7 +306,8 @@ void  conn_free_dead(Frontend *fe);
 
 int    stages_init(Frontend *fe, int argc, char **argv, Err *err);
 void   stages_free(Frontend *fe);
-Stage *stages_route(Frontend *fe, const OmniRequest *r);
+void   stages_count_end(Frontend *fe, Conn *c, const OmniFrameHdr *h,
+                        const uint8_t *body);
 void   stages_send(Frontend *fe, Stage *s, uint8_t type, uint64_t id,
                    const void *body, size_t len);
 void   stages_read(Frontend *fe, Stage *s);
@@ -271,6 +323,20 @@ int    stages_health(const Frontend *fe, const Stage *s, char *why,
                      size_t cap);
 double stages_deadline(const Frontend *fe);
 void   stages_timers(Frontend *fe, double now);
+
+/* ---- route.c ------------------------------------------------------------ */
+
+bool route_build(Frontend *fe, const OmniRequest *r, Route *rt);
+bool route_live(const Frontend *fe, const Route *rt, char *why, size_t cap);
+bool route_has(const Route *rt, const Stage *s);
+void route_submit(Frontend *fe, Conn *c, const char *json, size_t len);
+void route_cancel(Frontend *fe, Conn *c, uint32_t dead);
+void route_event(Frontend *fe, Stage *s, uint64_t id, const OmniFrameHdr *h,
+                 const uint8_t *body);
+void route_acked(Frontend *fe, Stage *s, uint64_t id);
+void route_stage_died(Frontend *fe, Stage *s);
+void route_flow(Frontend *fe, Conn *c);
+void route_free(Frontend *fe);
 
 /* ---- listen.c ----------------------------------------------------------- */
 

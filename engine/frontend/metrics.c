@@ -101,6 +101,7 @@ void metrics_init(Metrics *m) {
     hist_init(&m->itl, ITL_BOUNDS, COUNT(ITL_BOUNDS));
     hist_init(&m->e2e, E2E_BOUNDS, COUNT(E2E_BOUNDS));
     hist_init(&m->queue, E2E_BOUNDS, COUNT(E2E_BOUNDS));
+    hist_init(&m->ttfa, TTFT_BOUNDS, COUNT(TTFT_BOUNDS));
 }
 
 /* Linear search: the table holds a handful of pairs, and an error is not
@@ -236,40 +237,103 @@ void metrics_thinker(TextBuf *b, const OmniStats *stats) {
             LOAD(thinker.step_tokens));
 }
 
-/* A stage's page: the queue gauges every stage has, its own part, then
- * its restarts and steps. */
-static void render_stage(TextBuf *b, const MetricsStage *s) {
-    const OmniStats *stats = s->stats;
-    char             help[160];
-
-    gauge(b, "num_requests_running", "Requests admitted to the batch "
-          "(including preempted ones).", (double) LOAD(requests_running));
-    gauge(b, "num_requests_waiting", "Requests queued, not yet admitted.",
-          (double) LOAD(requests_waiting));
-    s->render(b, stats);
-    snprintf(help, sizeof(help), "Times the %s stage was restarted after "
-             "it exited.", s->name);
-    counter(b, "stage_restarts_total", help, LOAD(stage_restarts));
-    snprintf(help, sizeof(help), "Times the %s stage was killed for going "
-             "without a heartbeat for --stage-kill-after.", s->name);
-    counter(b, "stage_hang_kills_total", help, LOAD(stage_hang_kills));
-    snprintf(help, sizeof(help), "The longest scheduler step of the running "
-             "%s stage.", s->name);
-    gauge(b, "stage_longest_step_seconds", help, LOAD(step_max_us) / 1e6);
+void metrics_none(TextBuf *b, const OmniStats *stats) {
+    (void) b;
+    (void) stats;
 }
 
+/* One stage's value of a family rendered over every stage. */
+typedef double StageValFn(const MetricsStage *s);
+
+#define STAGE_VAL(fn, expr) \
+    static double fn(const MetricsStage *s) { \
+        const OmniStats *stats = s->stats; \
+        (void) stats; \
+        return (double) (expr); \
+    }
+
+STAGE_VAL(v_running, LOAD(requests_running))
+STAGE_VAL(v_waiting, LOAD(requests_waiting))
+STAGE_VAL(v_busy, LOAD(step_start_us) != 0)
+STAGE_VAL(v_restarts, LOAD(stage_restarts))
+STAGE_VAL(v_hang_kills, LOAD(stage_hang_kills))
+STAGE_VAL(v_longest_step, LOAD(step_max_us) / 1e6)
+STAGE_VAL(v_ready, s->ready ? 1 : 0)
+STAGE_VAL(v_heartbeat_age, s->heartbeat_age)
+
+#undef STAGE_VAL
 #undef LOAD
 
-/* A stage's liveness, as the frontend sees it. */
-static void render_liveness(TextBuf *b, const MetricsStage *s) {
-    char help[160];
+/* One family over the stages: with one stage its line has no label and
+ * its help (help_fmt, one %s) names the stage, as the exposition was with
+ * the thinker alone; with more, one line per stage labelled
+ * stage="NAME", and the help says "the labelled stage". paged: only the
+ * stages with a page. */
+static void stage_family(TextBuf *b, const MetricsGauges *g,
+                         const char *name, const char *type,
+                         const char *help_fmt, StageValFn *val, bool paged)
+{
+    char help[192];
 
-    snprintf(help, sizeof(help), "1 when the %s stage is loaded and "
-             "serving, and its heartbeat is recent.", s->name);
-    gauge(b, "stage_ready", help, s->ready ? 1 : 0);
-    snprintf(help, sizeof(help), "Time since the ready %s stage's last "
-             "heartbeat (0 when it is not ready).", s->name);
-    gauge(b, "stage_heartbeat_age_seconds", help, s->heartbeat_age);
+    snprintf(help, sizeof(help), help_fmt,
+             g->n_stages == 1 ? g->stages[0].name : "labelled");
+    head(b, name, type, help);
+    for (int i = 0; i < g->n_stages; i++) {
+        const MetricsStage *s = &g->stages[i];
+
+        if (paged && s->stats == NULL) continue;
+        if (g->n_stages == 1) {
+            tb_printf(b, PFX "%s %.17g\n", name, val(s));
+            continue;
+        }
+        tb_printf(b, PFX "%s{stage=\"", name);
+        label_value(b, s->name);
+        tb_printf(b, "\"} %.17g\n", val(s));
+    }
+}
+
+/* Whether any stage has a page: a family of page values is drawn then. */
+static bool any_page(const MetricsGauges *g) {
+    for (int i = 0; i < g->n_stages; i++) {
+        if (g->stages[i].stats != NULL) return true;
+    }
+    return false;
+}
+
+/* The stages' pages: the queue gauges every stage has, each kind's own
+ * part, then restarts and steps. */
+static void render_stages(TextBuf *b, const MetricsGauges *g) {
+    if (!any_page(g)) return;
+    stage_family(b, g, "num_requests_running", "gauge", "Requests admitted "
+                 "(for the thinker: to the batch, including preempted "
+                 "ones; the %s stage).", v_running, true);
+    stage_family(b, g, "num_requests_waiting", "gauge", "Requests queued, "
+                 "not yet admitted (the %s stage).", v_waiting, true);
+    for (int i = 0; i < g->n_stages; i++) {
+        if (g->stages[i].stats != NULL) {
+            g->stages[i].render(b, g->stages[i].stats);
+        }
+    }
+    stage_family(b, g, "stage_busy", "gauge", "1 while the %s stage runs a "
+                 "step.", v_busy, true);
+    stage_family(b, g, "stage_restarts_total", "counter", "Times the %s "
+                 "stage was restarted after it exited.", v_restarts, true);
+    stage_family(b, g, "stage_hang_kills_total", "counter", "Times the %s "
+                 "stage was killed for going without a heartbeat for "
+                 "--stage-kill-after.", v_hang_kills, true);
+    stage_family(b, g, "stage_longest_step_seconds", "gauge", "The longest "
+                 "scheduler step of the running %s stage.", v_longest_step,
+                 true);
+}
+
+/* The stages' liveness, as the frontend sees it. */
+static void render_liveness(TextBuf *b, const MetricsGauges *g) {
+    stage_family(b, g, "stage_ready", "gauge", "1 when the %s stage is "
+                 "loaded and serving, and its heartbeat is recent.", v_ready,
+                 false);
+    stage_family(b, g, "stage_heartbeat_age_seconds", "gauge", "Time since "
+                 "the ready %s stage's last heartbeat (0 when it is not "
+                 "ready).", v_heartbeat_age, false);
 }
 
 static void render_outcomes(TextBuf *b, const Metrics *m) {
@@ -296,6 +360,20 @@ static void render_outcomes(TextBuf *b, const Metrics *m) {
               "last event.", &m->e2e);
     histogram(b, "request_queue_time_seconds", "Time a request waited to be "
               "scheduled.", &m->queue);
+    histogram(b, "time_to_first_audio_seconds", "Request arrival to the "
+              "first audio bytes sent (speech out).", &m->ttfa);
+    counter(b, "audio_seconds_total", "Seconds of audio sent in finished "
+            "requests.", m->audio_ms / 1000);
+}
+
+/* The shared-memory pool the stages pass units and audio through. */
+static void render_pool(TextBuf *b, const PoolStats *p) {
+    gauge(b, "pool_blocks_total", "Blocks in the shared-memory pool.",
+          (double) p->n_blocks);
+    gauge(b, "pool_blocks_used", "Pool blocks referenced now.",
+          (double) p->used);
+    gauge(b, "pool_waiters", "Stage producers waiting for a free pool "
+          "block now.", (double) p->waiters);
 }
 
 void metrics_render(TextBuf *out, const Metrics *m, const MetricsGauges *g)
@@ -307,15 +385,12 @@ void metrics_render(TextBuf *out, const Metrics *m, const MetricsGauges *g)
     tb_printf(out, "\",kernels=\"");
     label_value(out, g->kernels);
     tb_printf(out, "\"} 1\n");
-    for (int i = 0; i < g->n_stages; i++) {
-        if (g->stages[i].stats != NULL) render_stage(out, &g->stages[i]);
-    }
+    render_stages(out, g);
     render_outcomes(out, m);
-    for (int i = 0; i < g->n_stages; i++) {
-        render_liveness(out, &g->stages[i]);
-    }
+    render_liveness(out, g);
     gauge(out, "connections", "Open client connections.",
           (double) g->connections);
+    render_pool(out, &g->pool);
     head(out, "resident_memory_bytes", "gauge", "Resident memory by "
          "process.");
     if (g->rss_frontend >= 0) {

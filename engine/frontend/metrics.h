@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "pool.h"
 #include "stage_channel.h"
 
 /* ---- Growable text ------------------------------------------------------
@@ -82,6 +83,8 @@ typedef struct {
     Hist       itl;                 // between tokens, after the first
     Hist       e2e;                 // request arrival -> DONE/ERROR
     Hist       queue;               // SUBMIT -> the stage's STARTED
+    Hist       ttfa;                // request arrival -> first AUDIO
+    uint64_t   audio_ms;            // audio sent in finished requests
 } Metrics;
 
 /* Renders a kind of stage's own part of the page (its member of the
@@ -90,6 +93,8 @@ typedef void MetricsRenderFn(TextBuf *b, const OmniStats *stats);
 
 /* The thinker's. */
 void metrics_thinker(TextBuf *b, const OmniStats *stats);
+/* A kind whose page has no part of its own. */
+void metrics_none(TextBuf *b, const OmniStats *stats);
 
 /* One stage, sampled at render time. */
 typedef struct {
@@ -112,6 +117,7 @@ typedef struct {
     int                 n_stages;
     int64_t             connections;    // open client connections
     int64_t             rss_frontend;   // bytes, -1 when unknown
+    PoolStats           pool;           // the shared-memory pool
 } MetricsGauges;
 
 /* Zeroes m and sets the histograms' buckets. Can't fail. */
@@ -124,9 +130,9 @@ void    metrics_error(Metrics *m, int status, const char *code,
 
 /* Appends the whole exposition to out: the model, each stage's page (the
  * part every stage has, then its own through its render), the frontend's
- * counters, then each stage's liveness and memory. With one stage the
- * stage metrics carry no label; a second stage of the same family needs
- * one (a stage="NAME" label), which changes the exposition's lines.
+ * counters, the pool, then each stage's liveness and memory. With one
+ * stage the stage families carry no label (the lines as they were with
+ * the thinker alone); with more, each line a stage="NAME" label.
  * Check out->oom afterwards. */
 void    metrics_render(TextBuf *out, const Metrics *m, const MetricsGauges *g);
 

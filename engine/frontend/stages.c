@@ -7,8 +7,8 @@
  * Separate from the connections (conn.c) because a row is a process with
  * a lifecycle of its own (frontend.c's opening comment tells it), and from
  * the loop (frontend.c) so that a new stage is a row here and not a
- * change there. Today there is one row, the thinker, and every request
- * goes to it (stages_route). */
+ * change there. Which rows a request goes through, and what their events
+ * become, is route.c's. */
 
 #include <errno.h>
 #include <math.h>
@@ -21,7 +21,6 @@
 
 #include "frontend_impl.h"
 
-#define CONN_MAX_PENDING  (8u << 20)    // queued output per client
 #define GONE_KILL_S       2.0           // channel closed, process alive
 #define FAILS_TO_REPORT   3             // failed starts before health
                                         //   blames the stage
@@ -77,23 +76,40 @@ static void thinker_ready(Stage *s, yajl_val v, char *desc, size_t cap) {
              t->bound.ws_free ? " (whitespace free)" : "");
 }
 
+#ifdef OMNI_HAVE_SPEECH
+/* ---- The talker's and the voicebox's rows -------------------------------
+ * Their READY carries no more than their id, and their pages no part of
+ * their own yet. */
+
+static void speech_init(Stage *s, const ServeConfig *cfg) {
+    (void) s;
+    (void) cfg;
+}
+
+static void speech_ready(Stage *s, yajl_val v, char *desc, size_t cap) {
+    const char *idp[] = { "id", NULL };
+    yajl_val    id = yajl_tree_get(v, idp, yajl_t_string);
+
+    (void) s;
+    snprintf(desc, cap, "%s", id != NULL ? YAJL_GET_STRING(id) : "(no id)");
+}
+#endif
+
 static const StageKind STAGE_KINDS[STAGES_N] = {
     [STAGES_THINKER] = { "thinker", thinker_init, thinker_ready,
                          sup_reset_thinker, metrics_thinker },
+#ifdef OMNI_HAVE_SPEECH
+    [STAGES_TALKER] = { "talker", speech_init, speech_ready, sup_reset_none,
+                        metrics_none },
+    [STAGES_VOICEBOX] = { "voicebox", speech_init, speech_ready,
+                          sup_reset_none, metrics_none },
+#endif
 };
-
-/* The stage that serves a request. Every request is text in, text out
- * today, which the thinker serves; speech will route through the talker
- * and the voicebox after it. */
-Stage *stages_route(Frontend *fe, const OmniRequest *r) {
-    (void) r;
-    return fe_thinker(fe);
-}
-
 
 /* ---- The table ---------------------------------------------------------- */
 
-/* Sets up every row: its page and argv (sup_init), its channel buffers,
+/* Sets up every row: its page and argv (sup_init: the pool's fd and the
+ * row's owner tag, row + 1, go on its command line), its channel buffers,
  * its READY defaults. argv (the serve options) is borrowed for the
  * frontend's life. Returns 0, or -1 with err set and nothing left to free. */
 int stages_init(Frontend *fe, int argc, char **argv, Err *err) {
@@ -103,13 +119,16 @@ int stages_init(Frontend *fe, int argc, char **argv, Err *err) {
 
         memset(s, 0, sizeof(*s));
         s->kind = k;
+        s->row = i;
         s->s_chan = (Source) { SRC_STAGE, s };
         s->s_err = (Source) { SRC_STAGE_ERR, s };
         s->st = STAGE_DOWN;
         s->gone_kill_at = INFINITY;
         s->watch_at = INFINITY;
         k->init(s, fe->cfg);
-        if (sup_init(&s->sp, k->name, k->reset, argc, argv, err) != 0) {
+        if (sup_init(&s->sp, k->name, k->reset, fe->pool.fd,
+                     (uint16_t) (i + 1), argc, argv, err) != 0)
+        {
             while (i-- > 0) sup_free(&fe->stages[i].sp);
             return -1;
         }
@@ -263,8 +282,10 @@ int stages_health(const Frontend *fe, const Stage *s, char *why, size_t cap)
                  sp->last_line);
     } else if (sp->exit_desc[0] != '\0') {
         snprintf(why, cap, "the %s stage is restarting", name);
-    } else {
+    } else if (s->row == STAGES_THINKER) {
         snprintf(why, cap, "the model is loading");
+    } else {
+        snprintf(why, cap, "the %s stage is starting", name);
     }
     return 503;
 }
@@ -280,11 +301,11 @@ void stages_kill(Stage *s, const char *why) {
 }
 
 /* Metrics for a request's last event. */
-static void count_end(Frontend *fe, Conn *c, const OmniFrameHdr *h,
+void stages_count_end(Frontend *fe, Conn *c, const OmniFrameHdr *h,
                       const uint8_t *body)
 {
     OmniDone  d;
-    OmniError e;
+    OmniError e = { 0 };
     double    t = clock_now_s();
 
     if (h->type == OMNI_F_ERROR) {
@@ -305,14 +326,27 @@ static void count_end(Frontend *fe, Conn *c, const OmniFrameHdr *h,
     }
 }
 
-/* Checks the client frame inside an EVENT; a stage that sends a malformed
- * one is broken, and the client must not see it. */
-static bool event_valid(const OmniFrameHdr *h, const uint8_t *body,
-                        size_t len)
+/* Checks the client frame inside an EVENT, or a BLOCK (its descriptor
+ * against the pool); a stage that sends a malformed one is broken, and the
+ * client must not see it. */
+static bool event_valid(const Frontend *fe, const OmniFrameHdr *h,
+                        const uint8_t *body, size_t len)
 {
     OmniDone  d;
     OmniError e;
+    Err       err;
+    PoolRef   r;
 
+    if (h->type == OMNI_F_STAGE_BLOCK) {
+        if (h->len != len || len != STAGE_BLOCK_LEN
+            || omni_rd32(body + 12) != 0)
+        {
+            return false;
+        }
+        r = (PoolRef) { omni_rd32(body), omni_rd32(body + 4),
+                        omni_rd32(body + 8) };
+        return pool_check(&fe->pool, r, &err) == 0;
+    }
     if (omni_frame_check(h, OMNI_DIR_TO_CLIENT) != NULL || h->len != len) {
         return false;
     }
@@ -324,46 +358,20 @@ static bool event_valid(const OmniFrameHdr *h, const uint8_t *body,
     }
 }
 
-/* An event for a request routed elsewhere is dropped like one for an id
- * no longer known. */
+/* Checked here, routed by route.c. */
 static void on_event(Frontend *fe, Stage *s, const uint8_t *p, size_t len) {
     OmniFrameHdr h;
-    Conn        *c;
-    uint64_t     id;
 
     if (len < 8 + OMNI_FRAME_HDR) {
         stages_kill(s, "sent a truncated EVENT");
         return;
     }
-    id = omni_rd64(p);
     omni_hdr_decode(&h, p + 8);
-    if (!event_valid(&h, p + 16, len - 16)) {
+    if (!event_valid(fe, &h, p + 16, len - 16)) {
         stages_kill(s, "sent an invalid event");
         return;
     }
-    c = conn_find(fe, id);
-    if (c == NULL || c->stage != s) return; // cancelled; the CANCEL
-                                            //   crossed it
-    if (h.type == OMNI_F_TEXT && c->t_first == 0) {
-        c->t_first = clock_now_s();
-        hist_observe(&fe->metrics.ttft, c->t_first - c->t_arrive, 1);
-    }
-    if (frame_put(&c->wr, h.type, p + 16, h.len) != 0) {
-        log_msg(LOG_ERROR, "out of memory queueing an event");
-        conn_gone(fe, c);
-        return;
-    }
-    if (h.type != OMNI_F_TEXT) {
-        count_end(fe, c, &h, p + 16);
-        conn_end(fe, c);
-        return;
-    }
-    conn_flush(fe, c);
-    if (c->fd >= 0 && frame_writer_pending(&c->wr) > CONN_MAX_PENDING) {
-        log_msg(LOG_WARN, "request %" PRIu64 ": the client is more than %u "
-                "MiB behind; cancelling it", id, CONN_MAX_PENDING >> 20);
-        conn_gone(fe, c);
-    }
+    route_event(fe, s, omni_rd64(p), &h, p + 16);
 }
 
 /* Whether every stage is READY: a candidate takes over then. */
@@ -405,7 +413,8 @@ static void on_started(Frontend *fe, Stage *s, const uint8_t *p, size_t len)
 {
     Conn *c = len == 8 ? conn_find(fe, omni_rd64(p)) : NULL;
 
-    if (c != NULL && c->stage == s) {
+    /* the queue is the first hop's: a later hop starts when fed */
+    if (c != NULL && c->route.n > 0 && c->route.hop[0] == s) {
         hist_observe(&fe->metrics.queue, clock_now_s() - c->t_submit, 1);
     }
 }
@@ -419,7 +428,12 @@ static void stage_frame(Frontend *fe, Stage *s) {
     case OMNI_F_STAGE_STARTED: on_started(fe, s, p, len); break;
     case OMNI_F_STAGE_EVENT:   on_event(fe, s, p, len);   break;
     case OMNI_F_STAGE_CANCELLED:
-        break;  // nothing of a text request is in the pool to reclaim
+        if (len == 8) {
+            route_acked(fe, s, omni_rd64(p));
+        } else {
+            stages_kill(s, "sent a CANCELLED without a request id");
+        }
+        break;
     default:
         stages_kill(s, "sent an unexpected frame type");
     }
@@ -501,12 +515,14 @@ static void stage_died(Frontend *fe, Stage *s) {
              s->hang_killed ? s->kill_why : "");
     for (Conn *c = fe->conns, *next; c != NULL; c = next) {
         next = c->next;
-        if (c->state == CONN_ACTIVE && c->stage == s) {
+        if (c->state == CONN_ACTIVE && route_has(&c->route, s)) {
+            route_cancel(fe, c, 1u << s->row);
             conn_error(fe, c, 503, NULL, "stage_failed", msg);
             failed++;
         }
     }
     s->st = STAGE_DOWN;
+    route_stage_died(fe, s);
     if (fe->phase != PHASE_RUN) {
         log_msg(LOG_INFO, "%s stage exited (%s)", name, s->sp.exit_desc);
         return;
@@ -580,7 +596,9 @@ double stages_deadline(const Frontend *fe) {
     for (int i = 0; i < STAGES_N; i++) {
         const Stage *s = &fe->stages[i];
 
-        if (fe->phase == PHASE_RUN && s->st == STAGE_DOWN) {
+        if (fe->phase == PHASE_RUN && s->st == STAGE_DOWN
+            && !s->reclaim_pending)
+        {
             next = fmin(next, s->restart_at);
         }
         if (s->st == STAGE_GONE) next = fmin(next, s->gone_kill_at);
@@ -594,7 +612,7 @@ void stages_timers(Frontend *fe, double now) {
         Stage *s = &fe->stages[i];
 
         if (fe->phase == PHASE_RUN && s->st == STAGE_DOWN
-            && now >= s->restart_at)
+            && now >= s->restart_at && !s->reclaim_pending)
         {
             stages_start(fe, s);
         }

@@ -25,18 +25,22 @@
 
 #include "supervisor.h"
 
-#define ARGV_FIXED 7            // omni-engine stage KIND --ipc-fd 3 ...
+#define ARGV_FIXED 11           // omni-engine stage KIND --ipc-fd 3 ...
 
-int sup_init(StageProc *sp, const char *kind, SupResetFn *reset, int argc,
-             char **argv, Err *err)
+int sup_init(StageProc *sp, const char *kind, SupResetFn *reset,
+             int pool_fd, uint16_t owner, int argc, char **argv, Err *err)
 {
     static char *fixed[ARGV_FIXED] = {
-        "omni-engine", "stage", NULL, "--ipc-fd", "3", "--stats-fd", "4"
+        "omni-engine", "stage", NULL, "--ipc-fd", "3", "--stats-fd", "4",
+        "--pool-fd", "5", "--stage-owner", NULL
     };
+    int nfixed = pool_fd >= 0 ? ARGV_FIXED : ARGV_FIXED - 4;
 
     memset(sp, 0, sizeof(*sp));
     sp->kind = kind;
     sp->reset = reset;
+    sp->pool_fd = pool_fd;
+    snprintf(sp->owner_arg, sizeof(sp->owner_arg), "%u", (unsigned) owner);
     sp->fd = sp->err_fd = -1;
     sp->backoff_ms = SUP_BACKOFF_MIN_MS;
     sp->stats = MAP_FAILED;
@@ -50,9 +54,10 @@ int sup_init(StageProc *sp, const char *kind, SupResetFn *reset, int argc,
 
     sp->argv = calloc((size_t) argc + ARGV_FIXED + 1, sizeof(char *));
     if (sp->argv == NULL) goto err;
-    memcpy(sp->argv, fixed, sizeof(fixed));
+    memcpy(sp->argv, fixed, (size_t) nfixed * sizeof(char *));
     sp->argv[2] = (char *) kind;
-    memcpy(sp->argv + ARGV_FIXED, argv, (size_t) argc * sizeof(char *));
+    if (pool_fd >= 0) sp->argv[ARGV_FIXED - 1] = sp->owner_arg;
+    memcpy(sp->argv + nfixed, argv, (size_t) argc * sizeof(char *));
     return 0;
 
 err:
@@ -73,11 +78,11 @@ void sup_free(StageProc *sp) {
 }
 
 /* In the child, between fork and exec: only async-signal-safe calls. The
- * channel and page are first moved above the target numbers, so that
- * placing them on 3 and 4 cannot overwrite one with the other. */
+ * channel, page and pool are first moved above the target numbers, so
+ * that placing them on 3, 4 and 5 cannot overwrite one with another. */
 static void child_exec(StageProc *sp, int chan, int errw) {
     sigset_t none;
-    int      c, s;
+    int      c, s, p = -1, last = STAGE_STATS_FD;
 
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
@@ -85,13 +90,18 @@ static void child_exec(StageProc *sp, int chan, int errw) {
 
     c = fcntl(chan, F_DUPFD, 10);
     s = fcntl(sp->stats_fd, F_DUPFD, 10);
+    if (sp->pool_fd >= 0) p = fcntl(sp->pool_fd, F_DUPFD, 10);
     if (c < 0 || s < 0 || dup2(errw, 2) < 0
         || dup2(c, STAGE_IPC_FD) < 0 || dup2(s, STAGE_STATS_FD) < 0)
     {
         _exit(126);
     }
-    if (close_range(STAGE_STATS_FD + 1, ~0u, 0) != 0) {
-        for (int fd = STAGE_STATS_FD + 1; fd < 65536; fd++) close(fd);
+    if (sp->pool_fd >= 0) {
+        if (p < 0 || dup2(p, STAGE_POOL_FD) < 0) _exit(126);
+        last = STAGE_POOL_FD;
+    }
+    if (close_range((unsigned) last + 1, ~0u, 0) != 0) {
+        for (int fd = last + 1; fd < 65536; fd++) close(fd);
     }
     execv("/proc/self/exe", sp->argv);
     _exit(127);
@@ -156,6 +166,10 @@ void sup_reset_thinker(OmniStats *st) {
     ZERO(st->thinker.kv_blocks_cached);
     ZERO(st->thinker.kv_blocks_free);
     ZERO(st->thinker.kv_blocks_total);
+}
+
+void sup_reset_none(OmniStats *st) {
+    (void) st;
 }
 
 #undef ZERO

@@ -12,6 +12,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #include "log.h"
@@ -27,12 +28,17 @@ typedef void SupResetFn(OmniStats *st);
 
 /* The thinker's: its KV block gauges. */
 void sup_reset_thinker(OmniStats *st);
+/* A kind with no gauges of its own. */
+void sup_reset_none(OmniStats *st);
 
 typedef struct {
     const char *kind;               // "thinker", borrowed (static)
     SupResetFn *reset;              // the kind's own gauges
     char      **argv;               // exec argv, NULL-terminated; the
                                     //   array owned, strings borrowed
+                                    //   but for owner_arg
+    char        owner_arg[8];       // --stage-owner's value
+    int         pool_fd;            // the pool's memfd, borrowed; -1: none
     int         stats_fd;           // memfd with one OmniStats, owned
     OmniStats  *stats;              // shared mapping of stats_fd, owned
     pid_t       pid;                // the process, 0 when none
@@ -51,11 +57,13 @@ typedef struct {
 
 /* Creates the statistics page (memfd, mapped shared, magic set) and the
  * argv a start will exec:
- *   omni-engine stage <kind> --ipc-fd 3 --stats-fd 4 <argv[0..argc)>
- * kind and argv are borrowed and must outlive sp; reset zeroes the kind's
- * own gauges when a process is reaped. Returns 0, or -1 with err set. */
-int  sup_init(StageProc *sp, const char *kind, SupResetFn *reset, int argc,
-              char **argv, Err *err);
+ *   omni-engine stage <kind> --ipc-fd 3 --stats-fd 4 --pool-fd 5
+ *       --stage-owner <owner> <argv[0..argc)>
+ * (without the pool's two options when pool_fd < 0). kind, argv and
+ * pool_fd are borrowed and must outlive sp; reset zeroes the kind's own
+ * gauges when a process is reaped. Returns 0, or -1 with err set. */
+int  sup_init(StageProc *sp, const char *kind, SupResetFn *reset,
+              int pool_fd, uint16_t owner, int argc, char **argv, Err *err);
 
 /* Unmaps and closes what sup_init made, and any descriptor still open.
  * The process must have been reaped first (pid == 0). */
@@ -63,7 +71,8 @@ void sup_free(StageProc *sp);
 
 /* Starts the process: a socketpair for its channel and a pipe for its
  * stderr, then fork; the child gets the channel on fd 3 and the page on
- * fd 4, every other descriptor closed, signals unblocked and at their
+ * fd 4, the pool on fd 5 (when there is one), every other descriptor
+ * closed, signals unblocked and at their
  * defaults, and execs /proc/self/exe. Sets pid, fd and err_fd. Returns 0,
  * or -1 with err set (nothing is left open then). */
 int  sup_start(StageProc *sp, Err *err);

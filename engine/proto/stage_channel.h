@@ -130,6 +130,16 @@ typedef struct {
                                             //   requests' audio_tokens
 } TalkerStats;
 
+/* The voicebox's part: its worker slots and what they made. */
+typedef struct {
+    /* gauges */
+    _Atomic int64_t   slots;                // --voicebox-slots: workers
+    _Atomic int64_t   slots_busy;           // synthesizing a chunk now
+    /* counters */
+    _Atomic uint64_t  chunks;               // units chunks synthesized
+    _Atomic uint64_t  audio_ms;             // audio of finished requests
+} VoiceboxStats;
+
 /* Counters and gauges a stage publishes; the frontend renders them as
  * Prometheus metrics. The page lives in a memfd the frontend creates, so
  * counters survive a stage restart (a new stage keeps adding to them) and
@@ -161,6 +171,7 @@ typedef struct {
     union {
         ThinkerStats  thinker;
         TalkerStats   talker;
+        VoiceboxStats voicebox;
     };
 } OmniStats;
 

@@ -38,6 +38,10 @@ typedef struct {
     double      kv_cache_mb;        // 0: 1024; the pool never takes more
                                     //   than max_seqs full contexts use
     bool        prefix_cache;       // default on
+    /* the voicebox stage (voicebox/) */
+    int         voicebox_slots;     // --voicebox-slots N: requests
+                                    //   synthesized at once; 0: one per
+                                    //   CPU, at least 2
     int         drain_s;            // on SIGTERM, wait this long for
                                     //   requests in flight (default 30)
     int         read_timeout_s;     // a connection's one frame must be

@@ -164,13 +164,13 @@ is($status, 200, '/metrics');
 my %m = map { /^(\S+) (\S+)$/ ? ($1, $2) : () } grep { !/^#/ }
         split /\n/, $body // '';
 my $deadline = time + 10;
-while (($m{omni_engine_num_requests_running} // 1) != 0 && time < $deadline) {
+while (($m{'omni_engine_num_requests_running{stage="thinker"}'} // 1) != 0 && time < $deadline) {
     sleep 0.2;
     (undef, undef, $body) = http_get($srv, '/metrics');
     %m = map { /^(\S+) (\S+)$/ ? ($1, $2) : () } grep { !/^#/ }
          split /\n/, $body // '';
 }
-is($m{omni_engine_num_requests_running}, 0, 'engine: nothing running');
+is($m{'omni_engine_num_requests_running{stage="thinker"}'}, 0, 'engine: nothing running');
 is($m{'omni_engine_kv_cache_blocks{state="used"}'}, 0,
    'engine: no KV block in use');
 

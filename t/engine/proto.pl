@@ -97,16 +97,17 @@ sub serve_wait {
     return undef;
 }
 
-# The thinker stage's pid: the frontend's child.
+# The pid of a stage process (the thinker unless $kind names another): the
+# frontend's child whose command line is `omni-engine stage KIND ...`.
 sub stage_pid {
-    my ($srv) = @_;
+    my ($srv, $kind) = @_;
+    $kind //= 'thinker';
     my $f = "/proc/$srv->{pid}/task/$srv->{pid}/children";
-    if (open(my $fh, '<', $f)) {
-        my ($pid) = split ' ', (<$fh> // '');
-        return $pid;
+    my @pids = split ' ', (-r $f ? slurp($f) : `ps -o pid= --ppid $srv->{pid}`);
+    for my $pid (@pids) {
+        return $pid if slurp("/proc/$pid/cmdline") =~ /\0stage\0\Q$kind\E\0/;
     }
-    my ($pid) = split ' ', `ps -o pid= --ppid $srv->{pid}`;
-    return $pid;
+    return undef;
 }
 
 sub slurp {

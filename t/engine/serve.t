@@ -52,7 +52,7 @@ my $srv = serve_start(args => ['--read-timeout', 2]);
     ok(abs($m->{created} - time) < 600, 'models: created is the start time');
 
     my $mt = metrics($srv);
-    is($mt->{omni_engine_stage_ready}, 1, 'metrics: stage ready');
+    is($mt->{'omni_engine_stage_ready{stage="thinker"}'}, 1, 'metrics: stage ready');
     for my $name (qw(num_requests_running num_requests_waiting
                      kv_cache_usage_perc prefix_cache_hits_total
                      time_to_first_token_seconds stage_restarts_total)) {
@@ -258,9 +258,9 @@ my $srv = serve_start(args => ['--read-timeout', 2]);
     is($m->{omni_engine_requests_cancelled_total} - $before, 2,
        'cancel: counted');
     my $until = time + 5;
-    $m = metrics($srv) until $m->{omni_engine_num_requests_running} == 0
+    $m = metrics($srv) until $m->{'omni_engine_num_requests_running{stage="thinker"}'} == 0
                              || time > $until;
-    is($m->{omni_engine_num_requests_running}, 0, 'cancel: nothing running');
+    is($m->{'omni_engine_num_requests_running{stage="thinker"}'}, 0, 'cancel: nothing running');
     is($m->{'omni_engine_kv_cache_blocks{state="used"}'}, 0,
        'cancel: no KV block in use');
 }
@@ -369,7 +369,7 @@ my $srv = serve_start(args => ['--read-timeout', 2]);
                                               max_tokens => 16 } } 1 .. 4]);
     is(scalar(grep { $_->{done} } @after), 4, 'the next requests succeed');
     my $m = metrics($srv);
-    is($m->{omni_engine_stage_restarts_total}, 1, 'stage_restarts_total 1');
+    is($m->{'omni_engine_stage_restarts_total{stage="thinker"}'}, 1, 'stage_restarts_total 1');
     is($m->{'omni_engine_request_errors_total{status="503",code='
             . '"stage_failed"}'}, 16, 'metrics: 16 stage_failed errors');
     like(slurp($srv->{log}), qr/exited \(signal 9\)/, 'the exit is logged');

@@ -56,7 +56,7 @@ sub check_exact {
     is($ok, scalar @CASES, "$name: all 64 equal their run alone")
         or diag $bad;
     my $m = metrics($srv);
-    is($m->{omni_engine_num_requests_running}, 0, "$name: none running");
+    is($m->{'omni_engine_num_requests_running{stage="thinker"}'}, 0, "$name: none running");
     is($m->{'omni_engine_kv_cache_blocks{state="used"}'}, 0,
        "$name: no block in use");
     my $tokens = 0;

@@ -30,10 +30,10 @@ sub health_within {
 }
 
 my $m0 = metrics($srv);
-is($m0->{omni_engine_stage_ready}, 1, 'ready at the start');
-ok($m0->{omni_engine_stage_heartbeat_age_seconds} < $UNREADY,
-   "heartbeat age $m0->{omni_engine_stage_heartbeat_age_seconds} s");
-is($m0->{omni_engine_stage_hang_kills_total}, 0, 'no hang kill yet');
+is($m0->{'omni_engine_stage_ready{stage="thinker"}'}, 1, 'ready at the start');
+ok($m0->{'omni_engine_stage_heartbeat_age_seconds{stage="thinker"}'} < $UNREADY,
+   "heartbeat age " . $m0->{'omni_engine_stage_heartbeat_age_seconds{stage="thinker"}'} . " s");
+is($m0->{'omni_engine_stage_hang_kills_total{stage="thinker"}'}, 0, 'no hang kill yet');
 
 # --- the idle stage beats: ready over several unready periods -------------
 {
@@ -59,9 +59,9 @@ is($m0->{omni_engine_stage_hang_kills_total}, 0, 'no hang kill yet');
          "the reason names the stage and its silence: $h->[1]");
     ok(time - $t0 >= $UNREADY * 0.5, 'not before the unready time');
     my $m = metrics($srv);
-    is($m->{omni_engine_stage_ready}, 0, 'metrics: stage_ready 0');
-    ok($m->{omni_engine_stage_heartbeat_age_seconds} >= $UNREADY,
-       "metrics: heartbeat age $m->{omni_engine_stage_heartbeat_age_seconds}");
+    is($m->{'omni_engine_stage_ready{stage="thinker"}'}, 0, 'metrics: stage_ready 0');
+    ok($m->{'omni_engine_stage_heartbeat_age_seconds{stage="thinker"}'} >= $UNREADY,
+       "metrics: heartbeat age " . $m->{'omni_engine_stage_heartbeat_age_seconds{stage="thinker"}'});
     my $r = request($srv, { prompt => 'Once', max_tokens => 4 }, timeout => 5);
     is($r->{error}{status}, 503, 'a new request: 503 at once');
     is($r->{error}{code}, 'engine_not_ready', '... engine_not_ready');
@@ -72,8 +72,8 @@ is($m0->{omni_engine_stage_hang_kills_total}, 0, 'no hang kill yet');
     ok(health_within(200, 3), 'SIGCONT: health 200 again');
     is(stage_pid($srv), $pid, 'the same process: no restart');
     my $m2 = metrics($srv);
-    is($m2->{omni_engine_stage_restarts_total}, 0, 'stage_restarts_total 0');
-    is($m2->{omni_engine_stage_hang_kills_total}, 0, 'hang kills 0');
+    is($m2->{'omni_engine_stage_restarts_total{stage="thinker"}'}, 0, 'stage_restarts_total 0');
+    is($m2->{'omni_engine_stage_hang_kills_total{stage="thinker"}'}, 0, 'hang kills 0');
     my $ok = request($srv, { prompt => 'Once', max_tokens => 4 });
     ok($ok->{done}, 'and it serves');
 }
@@ -134,9 +134,9 @@ is($m0->{omni_engine_stage_hang_kills_total}, 0, 'no hang kill yet');
                                               max_tokens => 8 } } 1 .. 4]);
     is(scalar(grep { $_->{done} } @after), 4, 'the next requests succeed');
     my $m = metrics($srv);
-    is($m->{omni_engine_stage_hang_kills_total}, 1, 'hang kills 1');
-    is($m->{omni_engine_stage_restarts_total}, 1, 'stage_restarts_total 1');
-    is($m->{omni_engine_stage_ready}, 1, 'stage_ready 1');
+    is($m->{'omni_engine_stage_hang_kills_total{stage="thinker"}'}, 1, 'hang kills 1');
+    is($m->{'omni_engine_stage_restarts_total{stage="thinker"}'}, 1, 'stage_restarts_total 1');
+    is($m->{'omni_engine_stage_ready{stage="thinker"}'}, 1, 'stage_ready 1');
     my $log = slurp($srv->{log});
     like($log, qr/silent for [\d.]+ s( in one step)?; not ready/,
          'the silence is logged');

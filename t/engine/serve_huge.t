@@ -107,7 +107,7 @@ ok(length($HUGE) >= 900 * 1024, 'the huge prompt is ' . length($HUGE)
         sleep 0.05;
     }
     is($m->{omni_engine_connections}, 1, 'no connection is left behind');
-    is($m->{omni_engine_num_requests_running}, 0, 'nothing running');
+    is($m->{'omni_engine_num_requests_running{stage="thinker"}'}, 0, 'nothing running');
 }
 
 # --- four clients loop huge prompts; a stream's first byte ----------------

@@ -114,12 +114,12 @@ ok($stat{cancelled} > $TOTAL * 0.4, "about half were cancelled");
 my $m;
 for (1 .. 100) {
     $m = metrics($srv);
-    last if $m->{omni_engine_num_requests_running} == 0
-            && $m->{omni_engine_num_requests_waiting} == 0;
+    last if $m->{'omni_engine_num_requests_running{stage="thinker"}'} == 0
+            && $m->{'omni_engine_num_requests_waiting{stage="thinker"}'} == 0;
     select(undef, undef, undef, 0.05);
 }
-is($m->{omni_engine_num_requests_running}, 0, 'no sequence running');
-is($m->{omni_engine_num_requests_waiting}, 0, 'no request waiting');
+is($m->{'omni_engine_num_requests_running{stage="thinker"}'}, 0, 'no sequence running');
+is($m->{'omni_engine_num_requests_waiting{stage="thinker"}'}, 0, 'no request waiting');
 is($m->{'omni_engine_kv_cache_blocks{state="used"}'}, 0,
    'no KV block referenced');
 my $total = $m->{'omni_engine_kv_cache_blocks{state="free"}'}

@@ -52,7 +52,9 @@ static char *render(const MetricsStage *stages, int n) {
     static Metrics m;
     MetricsGauges  g = { .model = "m", .kernels = "avx2", .stages = stages,
                          .n_stages = n, .connections = 2,
-                         .rss_frontend = 4096 };
+                         .rss_frontend = 4096,
+                         .pool = { .n_blocks = 512, .free = 509,
+                                   .used = 3 } };
     TextBuf        tb;
     char          *s;
 
@@ -184,15 +186,27 @@ static void test_reset_thinker(void **state) {
 }
 
 /* sup_init builds the row's argv: omni-engine stage NAME, the fd
- * options, then the serve options as given. */
+ * options (the pool's and the owner tag when there is a pool), then the
+ * serve options as given. */
 static void test_stage_argv(void **state) {
     char     *opts[] = { "--model", "x.gguf" };
     StageProc sp;
     Err       err;
 
     (void) state;
-    assert_int_equal(sup_init(&sp, "talker", sup_reset_thinker, 2, opts,
-                              &err), 0);
+    assert_int_equal(sup_init(&sp, "talker", sup_reset_thinker, 9, 2, 2,
+                              opts, &err), 0);
+    assert_string_equal(sp.argv[2], "talker");
+    assert_string_equal(sp.argv[7], "--pool-fd");
+    assert_string_equal(sp.argv[8], "5");
+    assert_string_equal(sp.argv[9], "--stage-owner");
+    assert_string_equal(sp.argv[10], "2");
+    assert_string_equal(sp.argv[11], "--model");
+    assert_null(sp.argv[13]);
+    sup_free(&sp);
+
+    assert_int_equal(sup_init(&sp, "talker", sup_reset_thinker, -1, 2, 2,
+                              opts, &err), 0);
     assert_string_equal(sp.argv[0], "omni-engine");
     assert_string_equal(sp.argv[1], "stage");
     assert_string_equal(sp.argv[2], "talker");
@@ -205,6 +219,40 @@ static void test_stage_argv(void **state) {
     sup_free(&sp);
 }
 
+/* Three stages: each stage family is one HELP and one line per stage,
+ * labelled; the pool's gauges are drawn. */
+static void test_three_stages(void **state) {
+    OmniStats    st[3];
+    MetricsStage s[3] = {
+        { "thinker", metrics_thinker, &st[0], true, 0.5, 100 },
+        { "talker", metrics_none, &st[1], true, 0, 200 },
+        { "voicebox", metrics_none, &st[2], false, 0, 300 },
+    };
+    char        *out;
+
+    (void) state;
+    for (int i = 0; i < 3; i++) fill_page(&st[i]);
+    st[2].stage_restarts = 9;
+    out = render(s, 3);
+    assert_true(has_line(out, "omni_engine_stage_restarts_total"
+                         "{stage=\"thinker\"} 7"));
+    assert_true(has_line(out, "omni_engine_stage_restarts_total"
+                         "{stage=\"voicebox\"} 9"));
+    assert_true(has_line(out, "omni_engine_stage_ready{stage=\"talker\"} 1"));
+    assert_true(has_line(out, "omni_engine_stage_ready{stage=\"voicebox\"} "
+                         "0"));
+    assert_true(has_line(out, "omni_engine_stage_busy{stage=\"talker\"} 1"));
+    assert_true(has_line(out, "omni_engine_num_requests_waiting"
+                         "{stage=\"voicebox\"} 4"));
+    assert_false(has_line(out, "omni_engine_stage_ready 1"));
+    // one HELP per family, whatever the number of stages
+    assert_null(strstr(strstr(out, "# HELP omni_engine_stage_ready ") + 1,
+                       "# HELP omni_engine_stage_ready "));
+    assert_true(has_line(out, "omni_engine_pool_blocks_total 512"));
+    assert_true(has_line(out, "omni_engine_pool_blocks_used 3"));
+    free(out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_thinker_row),
@@ -212,6 +260,7 @@ int main(void) {
         cmocka_unit_test(test_own_render),
         cmocka_unit_test(test_reset_thinker),
         cmocka_unit_test(test_stage_argv),
+        cmocka_unit_test(test_three_stages),
     };
 
     cmocka_set_message_output(CM_OUTPUT_TAP);
