@@ -262,7 +262,7 @@ $(BUILD)/bench/bench_audio $(BUILD)/bench/bench_voicebox: \
 	$(CC) $(CFLAGS) $(ALL_INCS) -MMD -MP -o $@ $< $(BUILD)/libomni.a \
 	    $(LDLIBS)
 else
-UNIT_BINS := $(filter-out %/test_audio %/test_voicebox,$(UNIT_BINS))
+UNIT_BINS := $(filter-out %/test_audio %/test_voicebox%,$(UNIT_BINS))
 endif
 
 unit: $(UNIT_BINS) $(if $(CROSS),,$(ASAN_BINS) $(TSAN_BINS))
