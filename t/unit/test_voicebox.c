@@ -519,5 +519,6 @@ int main(void) {
         cmocka_unit_test(test_full_pool),
     };
 
+    cmocka_set_message_output(CM_OUTPUT_TAP);
     return cmocka_run_group_tests(tests, setup, teardown);
 }
