@@ -237,19 +237,32 @@ $(BUILD)/tools/audio_probe: t/tools/audio_probe.c t/tools/audio_decode.c \
 	$(CC) $(CFLAGS) -o $@ t/tools/audio_probe.c t/tools/audio_decode.c \
 	    $(DECODE_LIBS)
 
-$(BUILD)/t/test_audio $(BUILD)/asan/t/test_audio: t/tools/audio_decode.c \
-                                                  t/tools/audio_decode.h
-$(BUILD)/t/test_audio $(BUILD)/asan/t/test_audio: \
-    LDLIBS += t/tools/audio_decode.c $(DECODE_LIBS)
+DECODE_TESTS := $(foreach t,test_audio test_voicebox,$(BUILD)/t/$(t) \
+                                                  $(BUILD)/asan/t/$(t))
+$(DECODE_TESTS): t/tools/audio_decode.c t/tools/audio_decode.h
+$(DECODE_TESTS): LDLIBS += t/tools/audio_decode.c $(DECODE_LIBS)
 
 unit: $(BUILD)/tools/audio_probe
 
-$(BUILD)/bench/bench_audio: bench/bench_audio.c $(BUILD)/libomni.a
+# The voicebox's workers and its loop share requests and queues: its test
+# also runs under ThreadSanitizer, with the speech libraries it drives.
+VOICEBOX_TSAN_SRCS := engine/voicebox/vbcore.c engine/voicebox/vbpipe.c \
+                      $(wildcard engine/tts/*.c engine/audio/*.c) \
+                      engine/base/pool.c engine/base/log.c \
+                      engine/request/speech.c t/tools/audio_decode.c
+TSAN_BINS += $(BUILD)/tsan/t/test_voicebox
+$(BUILD)/tsan/t/test_voicebox: t/unit/test_voicebox.c $(VOICEBOX_TSAN_SRCS)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(ALL_INCS) -O1 -fsanitize=thread -o $@ $^ -lcmocka \
+	    $(LDLIBS) $(DECODE_LIBS)
+
+$(BUILD)/bench/bench_audio $(BUILD)/bench/bench_voicebox: \
+        $(BUILD)/bench/%: bench/%.c $(BUILD)/libomni.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(ALL_INCS) -MMD -MP -o $@ $< $(BUILD)/libomni.a \
 	    $(LDLIBS)
 else
-UNIT_BINS := $(filter-out %/test_audio,$(UNIT_BINS))
+UNIT_BINS := $(filter-out %/test_audio %/test_voicebox%,$(UNIT_BINS))
 endif
 
 unit: $(UNIT_BINS) $(if $(CROSS),,$(ASAN_BINS) $(TSAN_BINS))

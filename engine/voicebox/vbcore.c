@@ -198,6 +198,31 @@ static void *vb_worker(void *arg) {
 
 /* ---- The loop's side ---------------------------------------------------- */
 
+/* The worker buffer's size: the most VB_PIECE samples of any voice of
+ * the table resample to. Returns 0, or -1 with err set. */
+static int vb_out_cap(VbCore *c, Err *err) {
+    const VoiceInfo *vi;
+    size_t           n;
+
+    vi = speech_voices(&n);
+    for (size_t i = 0; i < n; i++) {
+        const TtsVoice *v = tts_voice(vi[i].flite);
+        Resampler      *rs;
+        size_t          k;
+
+        if (v == NULL) {
+            return err_set(err, "voice %s (%s) is not registered",
+                           vi[i].name, vi[i].flite);
+        }
+        rs = resample_new(tts_voice_rate(v), SPEECH_RATE, err);
+        if (rs == NULL) return -1;
+        k = resample_out_max(rs, VB_PIECE);
+        c->out_cap = k > c->out_cap ? k : c->out_cap;
+        resample_free(rs);
+    }
+    return 0;
+}
+
 VbCore *vb_new(const VbConfig *cfg, Err *err) {
     VbCore *c = calloc(1, sizeof(*c));
 
@@ -216,6 +241,7 @@ VbCore *vb_new(const VbConfig *cfg, Err *err) {
                 ">= 1", cfg->slots, cfg->max_requests);
         goto fail;
     }
+    if (vb_out_cap(c, err) != 0) goto fail;
     c->box_cap = (int) c->pool->n_blocks + cfg->max_requests;
     c->box = calloc((size_t) c->box_cap, sizeof(*c->box));
     c->workers = calloc((size_t) cfg->slots, sizeof(*c->workers));
@@ -229,7 +255,7 @@ VbCore *vb_new(const VbConfig *cfg, Err *err) {
         VbWorker *w = &c->workers[i];
 
         w->core = c;
-        w->out = malloc(VB_PIECE_OUT * sizeof(int16_t));
+        w->out = malloc(c->out_cap * sizeof(int16_t));
         if (w->out == NULL) {
             err_set(err, "out of memory");
             goto fail;

@@ -26,11 +26,11 @@
  * sets its stop flag, the worker's next sink call refuses the samples, and
  * the request ends (VB_OUT_CANCELLED) when the worker lets go.
  *
- * Memory, fixed at vb_new and per request: per worker a resampling buffer
- * (VB_PIECE_OUT samples); per request its VbReq with a queue of
- * VB_MAX_PENDING unit references (vb_submit), one Resampler and one
- * AudioEncoder (opened by the worker of its first turn); the
- * outbox holds at most pool->n_blocks + max_requests entries (each one a
+ * Memory, fixed at vb_new and per request: per worker a resampling
+ * buffer (what VB_PIECE samples resample to, at most); per request its
+ * VbReq with a queue of VB_MAX_PENDING unit references (vb_submit), one
+ * Resampler and one AudioEncoder (opened by the worker of its first
+ * turn); the outbox holds at most pool->n_blocks + max_requests entries (each one a
  * block this stage holds, or one request's STARTED). Nothing is allocated
  * per chunk beyond what Flite and the codecs allocate inside their calls.
  * Audio waits in the shared pool, never here: a worker that finds the pool

@@ -13,10 +13,6 @@
 #include "resample.h"
 #include "vbcore.h"
 
-#define VB_PIECE_OUT    (VB_PIECE * 2 + 256)    // resampled samples per
-                                                //   piece: 16 -> 24 kHz
-                                                //   with soxr's margin
-
 typedef enum {
     VB_IDLE = 0,        // no worker, not queued: waiting for units
     VB_QUEUED,          // in first_q or next_q
@@ -69,7 +65,7 @@ typedef struct {
 typedef struct {
     VbCore         *core;
     pthread_t       th;
-    int16_t        *out;            // (VB_PIECE_OUT,) resampled, owned
+    int16_t        *out;            // (core->out_cap,) resampled, owned
 } VbWorker;
 
 struct VbCore {
@@ -77,6 +73,9 @@ struct VbCore {
     Pool           *pool;           // borrowed
     VbSynth         synth;
     VbWorker       *workers;        // (cfg.slots,), owned
+    size_t          out_cap;        // samples a worker's out holds: what
+                                    //   VB_PIECE samples of any voice may
+                                    //   resample to (resample_out_max)
     int             n_started;      // workers running
     pthread_mutex_t mu;             // guards everything below
     pthread_cond_t  cv;             // a queue grew, or quit

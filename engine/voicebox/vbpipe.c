@@ -73,9 +73,9 @@ int vbpipe_open(VbReq *r) {
 
     r->rs = resample_new(rate, SPEECH_RATE, &r->err);
     if (r->rs == NULL) return err_prefix(&r->err, "resampler");
-    if (resample_out_max(r->rs, VB_PIECE) > VB_PIECE_OUT) {
-        return err_set(&r->err, "voice rate %d Hz: more than %d samples "
-                       "out per %d in", rate, VB_PIECE_OUT, VB_PIECE);
+    if (resample_out_max(r->rs, VB_PIECE) > r->core->out_cap) {
+        return err_set(&r->err, "voice rate %d Hz: more than %zu samples "
+                       "out per %d in", rate, r->core->out_cap, VB_PIECE);
     }
     r->enc = audio_encoder_open(r->format, SPEECH_RATE, pipe_bytes, r,
                                 &r->err);
@@ -114,8 +114,8 @@ static int pipe_pcm(void *ud, const int16_t *pcm, size_t n) {
     if (atomic_load(&r->stop)) return -1;
     while (n > 0) {
         k = n < VB_PIECE ? n : VB_PIECE;
-        if (resample_process(r->rs, pcm, k, ps->w->out, VB_PIECE_OUT, &n_out,
-                             &r->err) != 0
+        if (resample_process(r->rs, pcm, k, ps->w->out, r->core->out_cap,
+                             &n_out, &r->err) != 0
             || audio_encoder_write(r->enc, ps->w->out, n_out, &r->err) != 0)
         {
             return -1;
@@ -162,13 +162,14 @@ int vbpipe_finish(VbWorker *w, VbReq *r) {
     size_t n_out;
 
     do {
-        if (resample_flush(r->rs, w->out, VB_PIECE_OUT, &n_out, &r->err) != 0
+        if (resample_flush(r->rs, w->out, r->core->out_cap, &n_out,
+                           &r->err) != 0
             || audio_encoder_write(r->enc, w->out, n_out, &r->err) != 0)
         {
             return err_prefix(&r->err, "end of stream");
         }
         r->samples += n_out;
-    } while (n_out == VB_PIECE_OUT);
+    } while (n_out == r->core->out_cap);
     if (audio_encoder_finish(r->enc, &r->err) != 0) {
         return err_prefix(&r->err, "end of stream");
     }

@@ -201,8 +201,7 @@ static void vbox_input(Stage *s, uint64_t id, uint8_t type, const uint8_t *p,
         err_set(&err, "input frame type %u (%zu bytes) is not units",
                 type, n);
     }
-    log_msg(LOG_ERROR, "voicebox: request %" PRIu64 ": %s", id, err.msg);
-    vb_error(vb->core, id, err.msg);
+    vb_error(vb->core, id, err.msg);       // logged when its ERROR goes
 }
 
 static void vbox_cancel(Stage *s, uint64_t id) {
