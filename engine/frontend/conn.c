@@ -292,7 +292,8 @@ static void request_checked(Frontend *fe, Conn *c, Parsed *p) {
         return;
     }
     if (p->req.model != NULL
-        && strcmp(p->req.model, fe_model(fe)->model_id) != 0)
+        && strcmp(p->req.model, fe_model(fe)->model_id) != 0
+        && !(p->req.input != NULL && speech_model(p->req.model)))
     {
         snprintf(why, sizeof(why), "The model `%.200s` does not exist or "
                  "you do not have access to it.", p->req.model);

@@ -45,3 +45,14 @@ int speech_format(const char *name) {
 const char *speech_format_name(AudioFormat f) {
     return (unsigned) f < AUDIO_N_FORMATS ? FORMATS[f] : "?";
 }
+
+bool speech_model(const char *name) {
+    static const char *const MODELS[] = {
+        "tts-1", "tts-1-hd", "gpt-4o-mini-tts", "flite",
+    };
+
+    for (size_t i = 0; i < sizeof(MODELS) / sizeof(MODELS[0]); i++) {
+        if (strcmp(MODELS[i], name) == 0) return true;
+    }
+    return false;
+}

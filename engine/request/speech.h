@@ -56,6 +56,12 @@ const VoiceInfo *speech_voice(const char *name);
 /* The table itself: *n gets its row count. For docs, errors and tests. */
 const VoiceInfo *speech_voices(size_t *n);
 
+/* Whether name is a text-to-speech model a /v1/audio/speech request may
+ * name besides the served model: OpenAI's "tts-1", "tts-1-hd" and
+ * "gpt-4o-mini-tts" (so that SDK code written for OpenAI runs unchanged)
+ * and "flite", what speaks them all here. */
+bool speech_model(const char *name);
+
 /* The format called name ("mp3", "opus", "aac", "flac", "wav", "pcm"), or
  * -1. speech_format_name is its inverse. */
 int         speech_format(const char *name);

@@ -127,6 +127,21 @@ unless ($has_speech) {
     }
 }
 
+# --- the model a speech request may name ------------------------------------
+{
+    for my $m (qw(tts-1 tts-1-hd gpt-4o-mini-tts flite)) {
+        my $r = request($srv, { model => $m, input => 'Hi.',
+                                audio => { voice => 'alloy', format => 'pcm' } });
+        ok($r->{done} && length($r->{audio}) > 0, "speech as model $m");
+    }
+    my $r = request($srv, { model => 'tts-2', input => 'Hi.',
+                            audio => { voice => 'alloy' } });
+    is($r->{error}{status}, 404, 'an unknown speech model: 404');
+    $r = request($srv, { model => 'tts-1', max_tokens => 2,
+                         messages => [{ role => 'user', content => 'Hi' }] });
+    is($r->{error}{status}, 404, 'tts-1 is no chat model: 404');
+}
+
 # --- a client gone mid-speech: the pool returns to empty --------------------
 {
     my $long = { input => 'The quick brown fox jumps over the lazy dog. ' x 60,
