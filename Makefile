@@ -262,7 +262,9 @@ $(BUILD)/bench/bench_audio $(BUILD)/bench/bench_voicebox: \
 	$(CC) $(CFLAGS) $(ALL_INCS) -MMD -MP -o $@ $< $(BUILD)/libomni.a \
 	    $(LDLIBS)
 else
-UNIT_BINS := $(filter-out %/test_audio %/test_voicebox%,$(UNIT_BINS))
+SPEECH_TESTS := test_audio test_tts test_tts_synth test_talker \
+                test_voicebox test_voicebox_stage
+UNIT_BINS := $(filter-out $(SPEECH_TESTS:%=$(BUILD)/t/%),$(UNIT_BINS))
 endif
 
 unit: $(UNIT_BINS) $(if $(CROSS),,$(ASAN_BINS) $(TSAN_BINS))

@@ -19,6 +19,8 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "chan_util.h"
+
 #include "request.h"
 #include "synth.h"
 #include "talk.h"
@@ -399,29 +401,22 @@ static void *run_stage(void *arg) {
     return NULL;
 }
 
-/* n bytes from fd: all of them, or the test fails (a 10 s timeout). */
-static void read_all(int fd, uint8_t *p, size_t n) {
-    assert_int_equal(recv(fd, p, n, MSG_WAITALL), (ssize_t) n);
-}
 
 /* The next frame: its type; for an EVENT, *id, the inner type in *inner
  * and its payload at buf + 8 + OMNI_FRAME_HDR. */
 static uint8_t next_frame(Rig *r, uint8_t *buf, size_t cap, uint64_t *id,
                           uint8_t *inner)
 {
-    uint8_t      h[OMNI_FRAME_HDR];
-    OmniFrameHdr hdr, in;
+    size_t       len;
+    uint8_t      type = chan_frame(r->sv[0], buf, cap, &len);
+    OmniFrameHdr in;
 
-    read_all(r->sv[0], h, sizeof(h));
-    omni_hdr_decode(&hdr, h);
-    assert_true(hdr.len <= cap);
-    read_all(r->sv[0], buf, hdr.len);
-    if (hdr.len >= 8) *id = omni_rd64(buf);
-    if (hdr.type == OMNI_F_STAGE_EVENT) {
+    if (len >= 8) *id = omni_rd64(buf);
+    if (type == OMNI_F_STAGE_EVENT) {
         omni_hdr_decode(&in, buf + 8);
         *inner = in.type;
     }
-    return hdr.type;
+    return type;
 }
 
 /* A frame of type for id: the id, then an inner frame (inner, n bytes of

@@ -20,6 +20,8 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "chan_util.h"
+
 #include "analyze.h"
 #include "voicebox.h"
 
@@ -40,27 +42,9 @@ static void *run_stage(void *arg) {
     return NULL;
 }
 
-static void read_all(int fd, uint8_t *p, size_t n) {
-    while (n > 0) {
-        ssize_t k = read(fd, p, n);
-
-        assert_true(k > 0);
-        p += k;
-        n -= (size_t) k;
-    }
-}
-
-/* The next frame: its type; payload into p (cap bytes), length in *len. */
+/* The next frame from the stage (chan_util.h). */
 static uint8_t next_frame(Rig *r, uint8_t *p, size_t cap, size_t *len) {
-    uint8_t      h[OMNI_FRAME_HDR];
-    OmniFrameHdr hdr;
-
-    read_all(r->sv[0], h, sizeof(h));
-    omni_hdr_decode(&hdr, h);
-    assert_true(hdr.len <= cap);
-    read_all(r->sv[0], p, hdr.len);
-    *len = hdr.len;
-    return hdr.type;
+    return chan_frame(r->sv[0], p, cap, len);
 }
 
 /* A frame of type for id: the id, then n bytes of body (inner: an inner
