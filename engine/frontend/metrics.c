@@ -237,9 +237,24 @@ void metrics_thinker(TextBuf *b, const OmniStats *stats) {
             LOAD(thinker.step_tokens));
 }
 
-void metrics_none(TextBuf *b, const OmniStats *stats) {
-    (void) b;
-    (void) stats;
+/* The talker's counters (they add up over restarts: the page outlives
+ * the process). */
+void metrics_talker(TextBuf *b, const OmniStats *stats) {
+    counter(b, "talker_chunks_total", "Speech-unit chunks the talker sent.",
+            LOAD(talker.chunks));
+    counter(b, "talker_words_total", "Words the talker analysed.",
+            LOAD(talker.words));
+    counter(b, "talker_phones_total", "Phones the talker produced (the "
+            "requests' audio tokens).", LOAD(talker.phones));
+}
+
+void metrics_voicebox(TextBuf *b, const OmniStats *stats) {
+    gauge(b, "voicebox_slots", "Requests the voicebox synthesizes at once "
+          "at most (--voicebox-slots).", (double) LOAD(voicebox.slots));
+    gauge(b, "voicebox_slots_busy", "Voicebox slots synthesizing now.",
+          (double) LOAD(voicebox.slots_busy));
+    counter(b, "voicebox_chunks_total", "Speech-unit chunks synthesized.",
+            LOAD(voicebox.chunks));
 }
 
 /* One stage's value of a family rendered over every stage. */

@@ -94,7 +94,8 @@ typedef void MetricsRenderFn(TextBuf *b, const OmniStats *stats);
 /* The thinker's. */
 void metrics_thinker(TextBuf *b, const OmniStats *stats);
 /* A kind whose page has no part of its own. */
-void metrics_none(TextBuf *b, const OmniStats *stats);
+void metrics_talker(TextBuf *b, const OmniStats *stats);
+void metrics_voicebox(TextBuf *b, const OmniStats *stats);
 
 /* One stage, sampled at render time. */
 typedef struct {

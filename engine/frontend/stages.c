@@ -100,9 +100,9 @@ static const StageKind STAGE_KINDS[STAGES_N] = {
                          sup_reset_thinker, metrics_thinker },
 #ifdef OMNI_HAVE_SPEECH
     [STAGES_TALKER] = { "talker", speech_init, speech_ready, sup_reset_none,
-                        metrics_none },
+                        metrics_talker },
     [STAGES_VOICEBOX] = { "voicebox", speech_init, speech_ready,
-                          sup_reset_none, metrics_none },
+                          sup_reset_voicebox, metrics_voicebox },
 #endif
 };
 

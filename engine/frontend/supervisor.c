@@ -172,6 +172,10 @@ void sup_reset_none(OmniStats *st) {
     (void) st;
 }
 
+void sup_reset_voicebox(OmniStats *st) {
+    ZERO(st->voicebox.slots_busy);
+}
+
 #undef ZERO
 
 bool sup_reap(StageProc *sp) {

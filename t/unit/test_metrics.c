@@ -225,15 +225,21 @@ static void test_three_stages(void **state) {
     OmniStats    st[3];
     MetricsStage s[3] = {
         { "thinker", metrics_thinker, &st[0], true, 0.5, 100 },
-        { "talker", metrics_none, &st[1], true, 0, 200 },
-        { "voicebox", metrics_none, &st[2], false, 0, 300 },
+        { "talker", metrics_talker, &st[1], true, 0, 200 },
+        { "voicebox", metrics_voicebox, &st[2], false, 0, 300 },
     };
     char        *out;
 
     (void) state;
     for (int i = 0; i < 3; i++) fill_page(&st[i]);
     st[2].stage_restarts = 9;
+    st[1].talker.phones = 42;
+    st[2].voicebox.slots = 3;
+    st[2].voicebox.slots_busy = 2;
     out = render(s, 3);
+    assert_true(has_line(out, "omni_engine_talker_phones_total 42"));
+    assert_true(has_line(out, "omni_engine_voicebox_slots 3"));
+    assert_true(has_line(out, "omni_engine_voicebox_slots_busy 2"));
     assert_true(has_line(out, "omni_engine_stage_restarts_total"
                          "{stage=\"thinker\"} 7"));
     assert_true(has_line(out, "omni_engine_stage_restarts_total"
