@@ -401,9 +401,10 @@ static void report_dist(Buf *b, const char *name, double *v, size_t n) {
     }
     qsort(v, n, sizeof(double), cmp_double);
     for (size_t i = 0; i < n; i++) sum += v[i];
-    buf_printf(b, "  \"%s\": {\"p50\": %.3f, \"p90\": %.3f, \"p99\": %.3f, "
-               "\"mean\": %.3f, \"n\": %zu},\n", name, pct(v, n, 50) * 1e3,
-               pct(v, n, 90) * 1e3, pct(v, n, 99) * 1e3, sum / n * 1e3, n);
+    buf_printf(b, "  \"%s\": {\"p50\": %.3f, \"p90\": %.3f, \"p95\": %.3f, "
+               "\"p99\": %.3f, \"mean\": %.3f, \"n\": %zu},\n", name,
+               pct(v, n, 50) * 1e3, pct(v, n, 90) * 1e3, pct(v, n, 95) * 1e3,
+               pct(v, n, 99) * 1e3, sum / n * 1e3, n);
 }
 
 static void report(const Config *cf, Stats *st, double wall) {

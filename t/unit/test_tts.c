@@ -386,11 +386,15 @@ static void test_chunker_modes(void **state) {
                 assert_true(words <= (i == 0 ? 4 : 12));
             else
                 assert_true(words <= 40);
-            // not at punctuation: the word limit or the end of the text
+            // not at punctuation: the word limit (or, in latency mode,
+            // backed off from a leaning word, leaving at least 2), or the
+            // end of the text
             if (!strchr(".!?,;:\"", end)
                 && !strstr(once.text[i], "\xe2\x80\x94"))
                 assert_true(words == (mode == SPEECH_QUALITY ? 40
-                                      : i == 0 ? 4 : 12) || i == once.n - 1);
+                                      : i == 0 ? 4 : 12)
+                            || (mode == SPEECH_LATENCY && words >= 2)
+                            || i == once.n - 1);
             if (mode == SPEECH_QUALITY && i < once.n - 1)
                 assert_true(strchr(".!?\"", end) != NULL || words == 40);
         }
@@ -405,6 +409,20 @@ static void test_chunker_modes(void **state) {
         chunk(SPEECH_QUALITY, STORY, 7, &c);
         assert_string_equal(c.text[0], "Once upon a time, there was a little "
                             "girl named Lily.");
+    }
+    {   // a cut at the word limit backs off from a word leaning on the next
+        static const char t1[] = "The girl read the note out loud.";
+        static const char t2[] = "They found a big box under the bench.";
+        static const char t3[] = "In the dark of the night.";
+        Chunks c;
+
+        chunk(SPEECH_LATENCY, t1, 5, &c);
+        assert_string_equal(c.text[0], "The girl read");
+        assert_string_equal(c.text[1], "the note out loud.");
+        chunk(SPEECH_LATENCY, t2, 5, &c);
+        assert_string_equal(c.text[0], "They found a big");
+        chunk(SPEECH_LATENCY, t3, 5, &c);
+        assert_string_equal(c.text[0], "In the dark");
     }
 }
 
