@@ -189,39 +189,42 @@ unless ($has_speech) {
            'slow reader: not cancelled');
 }
 
-# --- the voicebox killed under 8 speech and 4 text streams -----------------
-{
+# --- a speech stage killed under 8 speech and 4 text streams ---------------
+# Each of the two: the 8 speech requests fail naming it, the text ones are
+# untouched, it restarts, the next speech request speaks, the pool is empty.
+for my $stage (qw(voicebox talker)) {
     my $long = { input => 'The quick brown fox jumps over the lazy dog. ' x 30,
                  audio => { voice => 'alloy', format => 'pcm' } };
     my @reqs = ((map { $long } 1 .. 8), (map { $TEXT } 1 .. 4));
-    my $vb = stage_pid($srv, 'voicebox');
-    ok($vb, 'kill: the voicebox runs');
+    my $pid = stage_pid($srv, $stage);
+    ok($pid, "kill $stage: it runs");
     my $killed = 0;
     my @r = run_concurrent($srv, \@reqs, on_read => sub {
         my ($rs) = @_;
         if (!$killed && grep { length($_->{audio} // '') > 0 } @$rs[0 .. 7]) {
-            kill 'KILL', $vb;
+            kill 'KILL', $pid;
             $killed = 1;
         }
         return ();
     });
-    ok($killed, 'kill: killed while speaking');
+    ok($killed, "kill $stage: killed while speaking");
     for my $i (0 .. 7) {
-        is($r[$i]{error}{code}, 'stage_failed', "kill: speech $i failed")
-            or diag explain $r[$i]{error};
-        like($r[$i]{error}{message} // '', qr/voicebox/,
-             "kill: speech $i names the voicebox");
+        is($r[$i]{error}{code}, 'stage_failed', "kill $stage: speech $i "
+           . 'failed') or diag explain $r[$i]{error};
+        like($r[$i]{error}{message} // '', qr/$stage/,
+             "kill $stage: speech $i names it");
     }
-    ok_done($r[$_], "kill: text $_ untouched") for 8 .. 11;
-    ok(wait_health($srv, 200), 'kill: health 200 again');
-    my $new = stage_pid($srv, 'voicebox');
-    ok($new && $new != $vb, 'kill: the voicebox restarted');
+    ok_done($r[$_], "kill $stage: text $_ untouched") for 8 .. 11;
+    ok(wait_health($srv, 200), "kill $stage: health 200 again");
+    my $new = stage_pid($srv, $stage);
+    ok($new && $new != $pid, "kill $stage: it restarted");
     my $r = request($srv, $SPEECH);
-    ok_done($r, 'kill: the next speech request');
-    ok(length($r->{audio}) > 0, 'kill: and it has audio');
+    ok_done($r, "kill $stage: the next speech request");
+    ok(length($r->{audio}) > 0, "kill $stage: and it has audio");
     my $m = metrics($srv);
-    is($m->{'omni_engine_stage_restarts_total{stage="voicebox"}'}, 1,
-       'kill: one voicebox restart counted');
+    is($m->{"omni_engine_stage_restarts_total{stage=\"$stage\"}"}, 1,
+       "kill $stage: one restart counted");
+    is($m->{omni_engine_pool_blocks_used}, 0, "kill $stage: pool empty");
 }
 
 serve_stop($srv);
