@@ -11,9 +11,12 @@
  *
  * One connection carries one exchange; closing it cancels:
  *
- *   request:  client sends REQUEST (JSON, see request.h); the engine answers
- *             with TEXT* and AUDIO* (interleaved) then exactly one DONE or
- *             ERROR, then closes.
+ *   request:  client sends REQUEST (JSON, see request.h) and, when the JSON
+ *             has "audio_in", the bytes of those audio inputs in AUDIO_IN
+ *             frames; the engine answers with TEXT*, AUDIO* and
+ *             TRANSCRIPT* (interleaved) then exactly one DONE or ERROR,
+ *             then closes. The engine may answer (an ERROR) before the
+ *             audio is all sent; the client then stops sending.
  *             A client that closes its end first cancels the request: the
  *             engine frees the sequence at once.
  *   control:  client sends HEALTH, MODELS or METRICS (empty payload); the
@@ -26,6 +29,14 @@
  * type's limit is a protocol error: the engine answers with an ERROR
  * event (400, "invalid_request_error") and closes; it keeps serving.
  *
+ * AUDIO_IN (client -> engine): 1..OMNI_MAX_AUDIO_IN bytes of the request's
+ * audio inputs, in order: the concatenation of every AUDIO_IN payload is
+ * audio_in[0]'s file, then audio_in[1]'s, ... The JSON gives each input's
+ * length ("bytes"), so there is no end marker: the engine reads exactly
+ * that many more bytes (at most OMNI_MAX_AUDIO_IN_TOTAL in all), and a
+ * byte more, or an AUDIO_IN after a REQUEST without "audio_in", is a
+ * protocol error.
+ *
  * Payloads of the engine's answers:
  *
  *   TEXT       raw UTF-8, whole characters (never split), 1..OMNI_MAX_TEXT.
@@ -36,6 +47,18 @@
  *              for "pcm", the raw s16le 24 kHz mono samples). A payload is
  *              a slice of that stream, not aligned to codec frames; for
  *              "pcm" it holds whole samples (an even length).
+ *   TRANSCRIPT 1..OMNI_MAX_TEXT bytes of JSON: one recognised segment
+ *              (an utterance) of an audio input, sent as soon as the
+ *              utterance ends:
+ *                {"input":0,"text":"and so my fellow americans",
+ *                 "start":0.32,"end":2.71,
+ *                 "words":[{"word":"and","start":0.32,"end":0.45},...]}
+ *              "input" indexes "audio_in"; "text" is the words joined by
+ *              single spaces (no leading space: the client puts one
+ *              between segments); times are seconds from the start of
+ *              that input's audio. A segment without words is not sent.
+ *              For a chat request the engine keeps the texts (they become
+ *              the user's words) and sends none.
  *   DONE       OMNI_DONE_LEN bytes: u32 prompt_tokens, u32 cached_tokens
  *              (prompt tokens whose KV came from the prefix cache), u32
  *              completion_tokens, u8 finish (OmniFinish), 3 bytes zero,
@@ -43,8 +66,11 @@
  *              request without one: sending it reproduces the text), u32
  *              audio_tokens (speech units the talker produced: phones;
  *              0 without speech out), u32 audio_ms (milliseconds of audio
- *              sent). For /v1/audio/speech's "input", prompt_tokens counts
- *              the words the talker read and completion_tokens is 0.
+ *              sent), u32 input_audio_ms (milliseconds of audio input
+ *              decoded, every input; 0 without "audio_in"), u32 zero.
+ *              For /v1/audio/speech's "input", prompt_tokens counts
+ *              the words the talker read and completion_tokens is 0; for
+ *              a transcription both are 0.
  *   ERROR      u16 HTTP status, then four strings, each u16 length + bytes
  *              (not NUL-terminated): type ("invalid_request_error",
  *              "server_error"), param (may be empty: null), code (may be
@@ -71,22 +97,24 @@
 #include "json_scan.h"
 
 /* 2: DONE carries the seed (24 bytes, was 16). 3: AUDIO events, and DONE
- * carries audio_tokens and audio_ms (32 bytes). A module and an engine of
- * different versions refuse each other's frames by name instead of
+ * carries audio_tokens and audio_ms (32 bytes). 4: AUDIO_IN and
+ * TRANSCRIPT frames, and DONE carries input_audio_ms (40 bytes). A module
+ * and an engine of different versions refuse each other's frames by name instead of
  * misreading them (a binary upgrade keeps the old engine running). */
-#define OMNI_PROTO_VERSION  3
+#define OMNI_PROTO_VERSION  4
 #define OMNI_FRAME_HDR      8
 
 /* Limits on payload lengths, checked before anything is allocated. */
-#define OMNI_MAX_REQUEST    (16u << 20)     // request JSON (audio input
-                                            //   will travel inside it)
+#define OMNI_MAX_REQUEST    (16u << 20)     // request JSON
+#define OMNI_MAX_AUDIO_IN   (64u << 10)     // one AUDIO_IN frame
+#define OMNI_MAX_AUDIO_IN_TOTAL (128u << 20) // every AUDIO_IN of a request
 #define OMNI_MAX_TEXT       (64u << 10)     // one TEXT event
 #define OMNI_MAX_AUDIO      (64u << 10)     // one AUDIO event
 #define OMNI_MAX_ERROR      (8u << 10)      // one ERROR event
 #define OMNI_MAX_REPLY      (4u << 20)      // MODELS_R, METRICS_R, HEALTH_R
 #define OMNI_MAX_STAGE      (OMNI_MAX_REQUEST + 64) // frontend <-> stage
 
-#define OMNI_DONE_LEN       32
+#define OMNI_DONE_LEN       40
 
 typedef enum {
     /* client -> engine, the first and only frame the client sends */
@@ -94,6 +122,7 @@ typedef enum {
     OMNI_F_HEALTH    = 2,
     OMNI_F_MODELS    = 3,
     OMNI_F_METRICS   = 4,
+    OMNI_F_AUDIO_IN  = 5,       // after a REQUEST with "audio_in"
 
     /* engine -> client */
     OMNI_F_TEXT      = 16,
@@ -103,6 +132,7 @@ typedef enum {
     OMNI_F_HEALTH_R  = 20,
     OMNI_F_MODELS_R  = 21,
     OMNI_F_METRICS_R = 22,
+    OMNI_F_TRANSCRIPT = 23,
 
     /* frontend <-> stage (internal; see stage_channel.h) */
     OMNI_F_STAGE_MIN = 64,
@@ -180,11 +210,13 @@ static inline uint32_t omni_frame_limit(uint8_t type, OmniDirection dir) {
                ? OMNI_MAX_STAGE : 0;
     }
     if (dir == OMNI_DIR_TO_ENGINE) {
-        return type == OMNI_F_REQUEST ? OMNI_MAX_REQUEST : 0;
+        return type == OMNI_F_REQUEST ? OMNI_MAX_REQUEST
+               : type == OMNI_F_AUDIO_IN ? OMNI_MAX_AUDIO_IN : 0;
     }
     switch (type) {
     case OMNI_F_TEXT:      return OMNI_MAX_TEXT;
     case OMNI_F_AUDIO:     return OMNI_MAX_AUDIO;
+    case OMNI_F_TRANSCRIPT: return OMNI_MAX_TEXT;
     case OMNI_F_DONE:      return OMNI_DONE_LEN;
     case OMNI_F_ERROR:     return OMNI_MAX_ERROR;
     case OMNI_F_HEALTH_R:
@@ -214,6 +246,10 @@ static inline const char *omni_frame_check(const OmniFrameHdr *h,
         return "DONE frame of the wrong size";
     }
     if (h->type == OMNI_F_REQUEST && h->len == 0) return "empty request";
+    if (h->type == OMNI_F_AUDIO_IN && h->len == 0) return "empty AUDIO_IN";
+    if (h->type == OMNI_F_TRANSCRIPT && h->len == 0) {
+        return "empty TRANSCRIPT";
+    }
     return NULL;
 }
 
@@ -226,6 +262,7 @@ typedef struct {
     uint32_t audio_tokens;      // speech units (phones) spoken; 0: no
                                 //   speech out
     uint32_t audio_ms;          // audio sent, milliseconds
+    uint32_t input_audio_ms;    // audio input decoded, milliseconds
 } OmniDone;
 
 static inline void omni_done_encode(uint8_t *p, const OmniDone *d) {
@@ -237,6 +274,8 @@ static inline void omni_done_encode(uint8_t *p, const OmniDone *d) {
     omni_wr64(p + 16, d->seed);
     omni_wr32(p + 24, d->audio_tokens);
     omni_wr32(p + 28, d->audio_ms);
+    omni_wr32(p + 32, d->input_audio_ms);
+    omni_wr32(p + 36, 0);
 }
 
 /* A fresh seed for a request that sent none: 63 random bits, so it is a
@@ -266,6 +305,7 @@ static inline int omni_done_decode(OmniDone *d, const uint8_t *p) {
     d->seed = omni_rd64(p + 16);
     d->audio_tokens = omni_rd32(p + 24);
     d->audio_ms = omni_rd32(p + 28);
+    d->input_audio_ms = omni_rd32(p + 32);
     return d->finish <= OMNI_FINISH_LENGTH ? 0 : -1;
 }
 

@@ -17,7 +17,11 @@
  *              passed on as that stage sent it in its EVENT: TEXT (text to
  *              speak, for the talker), BLOCK (a pool descriptor: units for
  *              the voicebox), DONE (the input is over; its counts are the
- *              previous stage's)
+ *              previous stage's). For the listener, the first stage of its
+ *              routes, the frontend itself is the stage before: BLOCKs
+ *              hold the client's AUDIO_IN bytes in order (the audio_in
+ *              inputs concatenated), and DONE (all zero counts) follows
+ *              the last of them.
  *     CANCEL   u64 request id: the client went away or another stage of
  *              the route failed; drop it, send nothing more for it but
  *              CANCELLED
@@ -36,7 +40,8 @@
  *              DONE or ERROR) to pass on as it is. DONE and ERROR end the
  *              request; events for an id the frontend no longer knows are
  *              dropped (a CANCEL crossed them). Inner frames: TEXT, AUDIO,
- *              DONE, ERROR, and BLOCK (below).
+ *              TRANSCRIPT (the listener's), DONE, ERROR, and BLOCK
+ *              (below).
  *     CANCELLED u64 request id: the answer to CANCEL, sent once the stage
  *              holds nothing of the request (no pool reference, no worker
  *              on it); only then may the frontend reclaim its blocks
@@ -140,6 +145,19 @@ typedef struct {
     _Atomic uint64_t  audio_ms;             // audio of finished requests
 } VoiceboxStats;
 
+/* The listener's part: audio in, transcripts out. */
+typedef struct {
+    /* gauges */
+    _Atomic int64_t   slots;                // --listener-slots: workers
+    _Atomic int64_t   slots_busy;           // recognising now
+    /* counters */
+    _Atomic uint64_t  audio_ms;             // input audio decoded
+    _Atomic uint64_t  segments;             // TRANSCRIPT events sent
+    _Atomic uint64_t  words;                // words recognised
+    _Atomic uint64_t  decode_errors;        // inputs refused as not audio,
+                                            //   corrupt, empty or too long
+} ListenerStats;
+
 /* Counters and gauges a stage publishes; the frontend renders them as
  * Prometheus metrics. The page lives in a memfd the frontend creates, so
  * counters survive a stage restart (a new stage keeps adding to them) and
@@ -172,6 +190,7 @@ typedef struct {
         ThinkerStats  thinker;
         TalkerStats   talker;
         VoiceboxStats voicebox;
+        ListenerStats listener;
     };
 } OmniStats;
 

@@ -40,10 +40,31 @@
  *                                                  (transcripts.h): the
  *                                                  text of the audio ids
  *                                                  the messages refer to
+ *     "audio_in": [{                               audio input (listener):
+ *       "format": "wav",                           wav, mp3, flac, opus
+ *                                                  (Ogg) or auto; a hint:
+ *                                                  the decoder sniffs
+ *       "bytes":  48044,                           1..OMNI_MAX_AUDIO_IN_
+ *                                                  TOTAL; the file follows
+ *                                                  in AUDIO_IN frames
+ *       "param":  "file"                           the OpenAI parameter it
+ *                                                  came from, for errors
+ *     }, ...],                                     1..REQ_MAX_AUDIO_IN
+ *     "max_audio_seconds": 600,                    longer input is refused
+ *     "transcribe": {                              a transcription: needs
+ *       "language": "en",                          one audio_in, excludes
+ *       "prompt":   "...",                         messages/prompt/input;
+ *       "words":    true                           prompt accepted, unused
+ *     },
+ *     "audio_in_text": ["...", ...]                added by the frontend:
+ *                                                  each audio_in's
+ *                                                  transcript
  *   }
  *
  * "content" is a string or an array of {"type": "text", "text": "..."}
- * parts, joined. Roles: "system", "user", "assistant", "developer" (taken
+ * and {"type": "input_audio", "index": k} parts, joined; an input_audio
+ * part is audio_in[k]'s transcript (from "audio_in_text"; "" until the
+ * frontend adds it, each index at most once). Roles: "system", "user", "assistant", "developer" (taken
  * as "system"), "tool". An assistant message may be {"role": "assistant",
  * "audio": {"id": "audio_abc"}} instead of content: an earlier spoken
  * answer, whose transcript the frontend puts back (audio_ids).
@@ -82,6 +103,25 @@
 
 #define REQ_MAX_MESSAGES 4096
 #define REQ_MAX_SALT     256
+#define REQ_MAX_AUDIO_IN 16
+#define REQ_MAX_AUDIO_SECONDS_DEFAULT 600
+
+/* An audio input's container, as the client named it. The decoder
+ * (audio/decode.h) sniffs the bytes; this is a hint for what it cannot
+ * tell by their first bytes. */
+typedef enum {
+    AUDIO_IN_AUTO = 0,
+    AUDIO_IN_WAV,
+    AUDIO_IN_MP3,
+    AUDIO_IN_FLAC,
+    AUDIO_IN_OPUS,              // Ogg Opus
+} AudioInFormat;
+
+typedef struct {
+    AudioInFormat  format;
+    uint64_t       bytes;           // its length in the AUDIO_IN stream
+    const char    *param;           // OpenAI's parameter ("file"), or ""
+} AudioIn;
 
 typedef struct {
     const char    *model;           // NULL when absent
@@ -106,6 +146,15 @@ typedef struct {
     bool           ignore_eos;
     const char    *cache_salt;      // NULL when absent
     size_t         cache_salt_len;
+    AudioIn       *audio_in;        // (n_audio_in,), NULL when none
+    int            n_audio_in;
+    uint64_t       audio_in_bytes;  // the sum of their bytes
+    double         max_audio_seconds;
+    bool           transcribe;      // a transcription: audio_in[0] -> text
+    const char    *language;        // "en"; NULL when absent
+    bool           words;           // word timings wanted
+    const char   **audio_in_text;   // (n_audio_in,) from "audio_in_text",
+                                    //   or NULL when absent
     void          *arena;           // everything above points into it,
                                     //   owned
 } OmniRequest;
