@@ -397,8 +397,7 @@ FUZZ_SRCS_gguf  := engine/llm/gguf.c engine/llm/tokenizer.c \
                    engine/llm/tokenizer_encode.c engine/llm/tokenizer_pre.c \
                    engine/llm/detok.c engine/base/log.c \
                    kernels/dtype.c
-FUZZ_SRCS_proto := engine/base/frame.c engine/request/request.c \
-                   engine/request/speech.c \
+FUZZ_SRCS_proto := engine/base/frame.c $(wildcard engine/request/*.c) \
                    engine/llm/sampler.c engine/llm/stop.c engine/base/log.c
 
 fuzz: $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz_%)

@@ -64,7 +64,8 @@
  * "content" is a string or an array of {"type": "text", "text": "..."}
  * and {"type": "input_audio", "index": k} parts, joined; an input_audio
  * part is audio_in[k]'s transcript (from "audio_in_text"; "" until the
- * frontend adds it, each index at most once). Roles: "system", "user", "assistant", "developer" (taken
+ * frontend adds it, each index at most once). Roles: "system", "user",
+ * "assistant", "developer" (taken
  * as "system"), "tool". An assistant message may be {"role": "assistant",
  * "audio": {"id": "audio_abc"}} instead of content: an earlier spoken
  * answer, whose transcript the frontend puts back (audio_ids).
@@ -107,7 +108,7 @@
 #define REQ_MAX_AUDIO_SECONDS_DEFAULT 600
 
 /* An audio input's container, as the client named it. The decoder
- * (audio/decode.h) sniffs the bytes; this is a hint for what it cannot
+ * (audio/decoder.h) sniffs the bytes; this is a hint for what it cannot
  * tell by their first bytes. */
 typedef enum {
     AUDIO_IN_AUTO = 0,
@@ -171,6 +172,10 @@ typedef struct {
 int  request_parse(OmniRequest *r, const char *json, size_t len,
                    ReqError *e);
 void request_free(OmniRequest *r);
+
+/* Parses an audio_in format name: wav, mp3, flac, opus, ogg (= opus),
+ * auto. Returns 0, or -1 for any other. */
+int  request_audio_format(const char *s, AudioInFormat *f);
 
 /* A fresh seed: 63 random bits from getrandom(2), so that it is a valid
  * "seed" to send back. Returns 0, or -1 with err set when the kernel has

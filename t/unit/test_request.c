@@ -128,6 +128,97 @@ static char *repeat(const char *prefix, const char *unit, size_t n,
 }
 
 
+/* Audio in: a transcription, and chat parts that place each input. */
+static void test_audio_in(void **state) {
+    OmniRequest r;
+
+    (void) state;
+    parse_ok("{\"audio_in\": [{\"format\": \"mp3\", \"bytes\": 1000, "
+             "\"param\": \"file\"}], \"transcribe\": {\"language\": \"en\", "
+             "\"prompt\": \"x\", \"words\": true}, "
+             "\"max_audio_seconds\": 30}", &r);
+    assert_true(r.transcribe);
+    assert_true(r.words);
+    assert_string_equal(r.language, "en");
+    assert_int_equal(r.n_audio_in, 1);
+    assert_int_equal(r.audio_in[0].format, AUDIO_IN_MP3);
+    assert_int_equal(r.audio_in[0].bytes, 1000);
+    assert_string_equal(r.audio_in[0].param, "file");
+    assert_int_equal(r.audio_in_bytes, 1000);
+    assert_true(r.max_audio_seconds == 30);
+    assert_false(r.chat);
+    assert_null(r.prompt);
+    request_free(&r);
+
+    /* without the texts, the parts are "" */
+    parse_ok("{\"audio_in\": [{\"bytes\": 5}, {\"format\": \"ogg\", "
+             "\"bytes\": 7}], \"messages\": [{\"role\": \"user\", "
+             "\"content\": [{\"type\": \"text\", \"text\": \"a\"}, "
+             "{\"type\": \"input_audio\", \"index\": 1}, "
+             "{\"type\": \"input_audio\", \"index\": 0}]}]}", &r);
+    assert_int_equal(r.audio_in[0].format, AUDIO_IN_AUTO);
+    assert_int_equal(r.audio_in[1].format, AUDIO_IN_OPUS);
+    assert_string_equal(r.audio_in[0].param, "");
+    assert_int_equal(r.audio_in_bytes, 12);
+    assert_true(r.max_audio_seconds == REQ_MAX_AUDIO_SECONDS_DEFAULT);
+    assert_string_equal(r.msgs[0].content, "a\n\n");
+    request_free(&r);
+
+    /* the frontend's texts take their places */
+    parse_ok("{\"audio_in\": [{\"bytes\": 5}, {\"bytes\": 7}], "
+             "\"audio_in_text\": [\"zero\", \"one\"], "
+             "\"messages\": [{\"role\": \"user\", \"content\": "
+             "[{\"type\": \"text\", \"text\": \"a\"}, "
+             "{\"type\": \"input_audio\", \"index\": 1}, "
+             "{\"type\": \"input_audio\", \"index\": 0}]}]}", &r);
+    assert_string_equal(r.msgs[0].content, "a\none\nzero");
+    assert_string_equal(r.audio_in_text[1], "one");
+    request_free(&r);
+
+    rejects("{\"audio_in\": [], \"transcribe\": {}}", "audio_in",
+            "1 to 16 inputs");
+    rejects("{\"audio_in\": [{\"bytes\": 0}], \"transcribe\": {}}",
+            "audio_in[0].bytes", ">= 1");
+    rejects("{\"audio_in\": [{\"bytes\": 1, \"format\": \"webm\"}], "
+            "\"transcribe\": {}}", "audio_in[0].format", "got 'webm'");
+    rejects("{\"audio_in\": [{\"format\": \"wav\"}], \"transcribe\": {}}",
+            "audio_in[0].bytes", "is required");
+    rejects("{\"audio_in\": [{\"bytes\": 1}], \"transcribe\": "
+            "{\"language\": \"fr\"}}", "language", "unsupported language "
+            "'fr'");
+    rejects("{\"audio_in\": [{\"bytes\": 1}, {\"bytes\": 1}], "
+            "\"transcribe\": {}}", "audio_in", "exactly one audio input");
+    rejects("{\"transcribe\": {}}", "audio_in", "exactly one audio input");
+    rejects("{\"audio_in\": [{\"bytes\": 1}], \"transcribe\": {}, "
+            "\"prompt\": \"x\"}", "transcribe", "no messages, prompt");
+    rejects("{\"audio_in\": [{\"bytes\": 1}], \"prompt\": \"x\"}",
+            "audio_in", "needs messages");
+    rejects("{\"audio_in\": [{\"bytes\": 1}], \"messages\": [{\"role\": "
+            "\"user\", \"content\": \"x\"}]}", "audio_in",
+            "audio_in[0] is in no message");
+    rejects("{\"audio_in\": [{\"bytes\": 1}], \"messages\": [{\"role\": "
+            "\"user\", \"content\": [{\"type\": \"input_audio\", "
+            "\"index\": 0}, {\"type\": \"input_audio\", \"index\": 0}]}]}",
+            "messages[0].content[1].index", "used twice");
+    rejects("{\"audio_in\": [{\"bytes\": 1}], \"messages\": [{\"role\": "
+            "\"user\", \"content\": [{\"type\": \"input_audio\", "
+            "\"index\": 1}]}]}", "messages[0].content[0].index",
+            "at most 0");
+    rejects("{\"audio_in\": [{\"bytes\": 1}], \"messages\": [{\"role\": "
+            "\"system\", \"content\": [{\"type\": \"input_audio\", "
+            "\"index\": 0}]}]}", "messages[0].content[0]",
+            "user messages only");
+    rejects("{\"messages\": [{\"role\": \"user\", \"content\": "
+            "[{\"type\": \"input_audio\", \"index\": 0}]}]}",
+            "messages[0].content[0].index", "audio_in, which is absent");
+    rejects("{\"audio_in\": [{\"bytes\": 1}], \"audio_in_text\": [], "
+            "\"transcribe\": {}}", "audio_in_text", "one text per");
+    rejects("{\"audio_in\": [{\"bytes\": 1}], \"transcribe\": {}, "
+            "\"max_audio_seconds\": 0}", "max_audio_seconds", "(0, 86400]");
+    rejects("{\"audio_in\": [{\"bytes\": 99999999999}], \"transcribe\": {}}",
+            "audio_in[0].bytes", "at most");
+}
+
 /* ---- valid requests ---- */
 
 static void test_full_request(void **state) {
@@ -433,8 +524,8 @@ static void test_content(void **state) {
             "unsupported content part type 'image_url'");
     rejects("{\"messages\": [{\"role\": \"user\", \"content\": \"a\"},"
             " {\"role\": \"user\", \"content\": [{\"type\": \"input_audio\"}]}]}",
-            "messages[1].content[0].type",
-            "unsupported content part type 'input_audio'");
+            "messages[1].content[0].index",
+            "is required");
     rejects("{\"messages\": [{\"role\": \"user\", \"content\":"
             " [{\"text\": \"a\"}]}]}",
             "messages[0].content[0].type", "is required");
@@ -942,6 +1033,7 @@ int main(void) {
         cmocka_unit_test(test_duplicates_and_unknown),
         cmocka_unit_test(test_input_errors),
         cmocka_unit_test(test_speech),
+        cmocka_unit_test(test_audio_in),
         cmocka_unit_test(test_audio_transcripts),
         cmocka_unit_test(test_many_messages),
         cmocka_unit_test(test_roles),

@@ -1,4 +1,4 @@
-/* decode.h -- audio files in, mono s16 samples at one rate out: what the
+/* decoder.h -- audio files in, mono s16 samples at one rate out: what the
  * listener hears. WAV (PCM 8/16/24/32-bit, IEEE float 32/64,
  * WAVE_FORMAT_EXTENSIBLE, 1..8 channels, and the streaming headers whose
  * sizes are 0 or 0xFFFFFFFF: the data runs to the end), MP3 (libmpg123),
@@ -17,8 +17,8 @@
  * no input may crash, hang or allocate without bound (fuzzed:
  * t/fuzz/fuzz_audio.c). */
 
-#ifndef OMNI_AUDIO_DECODE_H
-#define OMNI_AUDIO_DECODE_H
+#ifndef OMNI_AUDIO_DECODER_H
+#define OMNI_AUDIO_DECODER_H
 
 #include <stdbool.h>
 #include <stddef.h>
