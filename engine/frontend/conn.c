@@ -72,6 +72,7 @@ void conn_close(Frontend *fe, Conn *c) {
         id_del(fe, c);
         fe->n_active--;
     }
+    audio_in_free(fe, c);
     epoll_ctl(fe->ep, EPOLL_CTL_DEL, c->fd, NULL);
     close(c->fd);
     c->fd = -1;
@@ -110,7 +111,7 @@ void conn_flush(Frontend *fe, Conn *c) {
         return;
     }
     route_flow(fe, c);
-    ev = c->state == CONN_CLOSING ? 0 : EPOLLIN;
+    ev = c->state == CONN_CLOSING || c->audio_stalled ? 0 : EPOLLIN;
     if (frame_writer_pending(&c->wr) > 0) ev |= EPOLLOUT;
     frontend_ep_set(fe, c->fd, &c->events, ev, c);
 }
@@ -124,6 +125,7 @@ void conn_end(Frontend *fe, Conn *c) {
         id_del(fe, c);
         fe->n_active--;
     }
+    audio_in_free(fe, c);
     read_leave(fe, c);
     c->state = CONN_CLOSING;
     conn_flush(fe, c);
@@ -230,11 +232,21 @@ static bool prompt_too_long(Frontend *fe, Conn *c, const Parsed *p) {
     return true;
 }
 
-/* Speech out without the talker and voicebox stages in this build
- * (OMNI_HAVE_SPEECH) is refused by name rather than sent to the
- * thinker. */
-static bool speech_refused(Frontend *fe, Conn *c, bool routed) {
+/* Speech out or audio in without the talker, voicebox and listener
+ * stages in this build (OMNI_HAVE_SPEECH) is refused by name rather than
+ * sent to the thinker. */
+static bool speech_refused(Frontend *fe, Conn *c, bool routed,
+                           const OmniRequest *r)
+{
     if (routed) return false;
+    if (r->n_audio_in > 0) {
+        conn_error(fe, c, 501, r->audio_in[0].param[0] != '\0'
+                                   ? r->audio_in[0].param : NULL,
+                   "audio_input_unavailable", "audio input is not "
+                   "available: this engine was built without the listener "
+                   "stage");
+        return true;
+    }
     conn_error(fe, c, 501, "audio", "speech_unavailable", "speech output "
                "is not available: this engine was built without the talker "
                "and voicebox stages");
@@ -279,6 +291,19 @@ static bool with_transcripts(Frontend *fe, Conn *c, const OmniRequest *r,
     return false;
 }
 
+/* After the REQUEST is submitted: its audio follows in AUDIO_IN frames
+ * (audio_in.c), or nothing may follow. */
+static void request_follow(Frontend *fe, Conn *c) {
+    if (c->audio_left > 0) {
+        frame_reader_next(&c->rd);
+        audio_in_read(fe, c);
+    } else if (frame_reader_buffered(&c->rd) > 0) {
+        route_cancel(fe, c, 0);
+        conn_error(fe, c, 400, NULL, NULL,
+                   "one frame per connection: unexpected data after it");
+    }
+}
+
 static void request_checked(Frontend *fe, Conn *c, Parsed *p) {
     const char *json = (const char *) c->rd.payload;
     size_t      len = c->rd.hdr.len;
@@ -306,7 +331,7 @@ static void request_checked(Frontend *fe, Conn *c, Parsed *p) {
         return;
     }
     routed = route_build(fe, &p->req, &rt);
-    if (speech_refused(fe, c, routed)
+    if (speech_refused(fe, c, routed, &p->req)
         || !with_transcripts(fe, c, &p->req, &json, &len, &owned))
     {
         request_free(&p->req);
@@ -314,6 +339,13 @@ static void request_checked(Frontend *fe, Conn *c, Parsed *p) {
     }
     if (p->req.speech.on && p->req.speech.id != NULL) {
         snprintf(c->keep_id, sizeof(c->keep_id), "%s", p->req.speech.id);
+    }
+    if (audio_in_start(fe, c, &p->req, json, len) != 0) {
+        request_free(&p->req);
+        free(owned);
+        conn_error(fe, c, 503, NULL, "out_of_memory", "out of memory "
+                   "setting up the audio input");
+        return;
     }
     request_free(&p->req);
     /* while draining, what reaches us was queued before the socket file
@@ -338,6 +370,7 @@ static void request_checked(Frontend *fe, Conn *c, Parsed *p) {
     c->t_submit = clock_now_s();
     route_submit(fe, c, json, len);
     free(owned);
+    request_follow(fe, c);
 }
 
 /* Validates the REQUEST (so a client mistake is answered here, without a
@@ -370,7 +403,9 @@ static void request_start(Frontend *fe, Conn *c) {
         j->bound = fe_model(fe)->bound;
         c->job = j;
         c->state = CONN_PARSING;
-        frontend_ep_set(fe, c->fd, &c->events, EPOLLIN, c);
+        /* not reading meanwhile: AUDIO_IN frames may follow the REQUEST,
+           and the reader holds the JSON the parse reads */
+        frontend_ep_set(fe, c->fd, &c->events, 0, c);
         workq_push(&fe->pq, &j->w);
         return;
     }
@@ -393,6 +428,7 @@ void conn_on_parsed(Frontend *fe) {
         c->job = NULL;
         if (c->fd >= 0 && c->state == CONN_PARSING && w->ran) {
             request_checked(fe, c, &j->out);
+            if (c->fd >= 0 && c->state == CONN_ACTIVE) conn_flush(fe, c);
         } else {
             if (w->ran && j->out.rc == 0) request_free(&j->out.req);
             if (c->fd < 0) conn_release(fe, c);
@@ -427,6 +463,11 @@ void conn_read(Frontend *fe, Conn *c) {
     FrameStatus st;
     bool        eof = false;
 
+    if (c->state == CONN_ACTIVE && (c->audio_left > 0 || c->audio_stalled))
+    {
+        audio_in_read(fe, c);
+        return;
+    }
     if (c->state != CONN_READ) {
         conn_read_after(fe, c);
         return;
@@ -434,7 +475,11 @@ void conn_read(Frontend *fe, Conn *c) {
     st = frame_read_fd(&c->rd, c->fd, &eof);
     switch (st) {
     case FRAME_READY:
-        if (frame_reader_buffered(&c->rd) > 0) {
+        if (c->rd.hdr.type == OMNI_F_AUDIO_IN) {
+            conn_error(fe, c, 400, NULL, NULL, "an AUDIO_IN frame before "
+                       "a REQUEST with audio_in");
+        } else if (c->rd.hdr.type != OMNI_F_REQUEST
+                   && frame_reader_buffered(&c->rd) > 0) {
             conn_error(fe, c, 400, NULL, NULL,
                        "one frame per connection: unexpected data after it");
         } else {

@@ -329,7 +329,8 @@ static int signals_open(Frontend *fe, Err *err) {
 
 /* Milliseconds until the nearest deadline, -1 when there is none. */
 static int next_timeout(const Frontend *fe) {
-    double next = stages_deadline(fe), t = clock_now_s();
+    double next = fmin(stages_deadline(fe), audio_in_deadline(fe));
+    double t = clock_now_s();
 
     if (fe->listen_paused) next = fmin(next, fe->listen_resume);
     if (fe->phase == PHASE_DRAIN) next = fmin(next, fe->drain_until);
@@ -349,6 +350,7 @@ static void run_timers(Frontend *fe) {
     double t = clock_now_s();
 
     stages_timers(fe, t);
+    audio_in_retry(fe);
     if (fe->listen_paused && t >= fe->listen_resume) listen_pause(fe, false);
     while (fe->rhead != NULL
            && t >= fe->rhead->t_accept + fe->cfg->read_timeout_s)

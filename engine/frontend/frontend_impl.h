@@ -72,13 +72,17 @@ struct Conn;
 
 /* The stages a request passes through, in order (route.c): the thinker
  * alone for text; thinker, talker, voicebox for a chat or prompt with
- * "audio"; talker, voicebox for "input". Bits are row indices
+ * "audio"; talker, voicebox for "input"; the listener first for a
+ * request with "audio_in", alone for a transcription. Bits are row indices
  * (Stage.row), so a stage's death finds its requests by one test. */
-#define ROUTE_MAX 3
+#define ROUTE_MAX 4
 
 typedef struct {
     struct Stage *hop[ROUTE_MAX];   // borrowed rows
     int           n;
+    int           deferred;     // hops from this index on get their SUBMIT
+                                //   at hop 0's DONE (the listener's, with
+                                //   what it heard); 0: all at the start
     uint32_t      working;      // rows that hold the request and have not
                                 //   ended their part (DONE) yet
     bool          paused;       // PAUSE sent to the last hop
@@ -133,6 +137,15 @@ typedef struct Conn {
                                 //   audio id: its text is kept under it
                                 //   at DONE (transcripts.h); "": none
     TextBuf       said;         // that text so far (owned)
+    /* audio in (audio_in.c) */
+    uint64_t      audio_left;   // AUDIO_IN bytes still to come
+    uint32_t      audio_off;    // of the current AUDIO_IN frame, bytes in
+                                //   the pool already
+    bool          audio_stalled;// the pool is full: not reading
+    char         *json;         // the request JSON, kept for the hops
+    size_t        json_len;     //   after the listener (owned)
+    TextBuf      *heard;        // (n_heard,) each input's transcript so
+    int           n_heard;      //   far (owned)
 } Conn;
 
 
@@ -209,6 +222,7 @@ enum {
 #ifdef OMNI_HAVE_SPEECH
     STAGES_TALKER,
     STAGES_VOICEBOX,
+    STAGES_LISTENER,
 #endif
     STAGES_N,
 };
@@ -257,6 +271,7 @@ typedef struct Frontend {
     Conn        *rhead, *rtail; // connections in READ, by accept time
     Conn        *dead;          // closed in this batch, freed after it
     int64_t      n_conns;
+    int          n_audio_stalled;   // uploads waiting for pool blocks
     int64_t      n_active;      // in CONN_ACTIVE
     Conn        *ids[ID_BUCKETS];
     uint64_t     next_id;
@@ -337,6 +352,17 @@ void route_acked(Frontend *fe, Stage *s, uint64_t id);
 void route_stage_died(Frontend *fe, Stage *s);
 void route_flow(Frontend *fe, Conn *c);
 void route_free(Frontend *fe);
+
+/* ---- audio_in.c --------------------------------------------------------- */
+
+int    audio_in_start(Frontend *fe, Conn *c, const OmniRequest *r,
+                      const char *json, size_t len);
+void   audio_in_read(Frontend *fe, Conn *c);
+void   audio_in_retry(Frontend *fe);
+double audio_in_deadline(const Frontend *fe);
+int    audio_in_heard(Conn *c, const uint8_t *body, uint32_t len);
+char  *audio_in_json(const Conn *c, size_t *len);
+void   audio_in_free(Frontend *fe, Conn *c);
 
 /* ---- listen.c ----------------------------------------------------------- */
 

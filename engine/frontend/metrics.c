@@ -257,6 +257,25 @@ void metrics_voicebox(TextBuf *b, const OmniStats *stats) {
             LOAD(voicebox.chunks));
 }
 
+void metrics_listener(TextBuf *b, const OmniStats *stats) {
+    gauge(b, "listener_slots", "Audio inputs the listener recognises at "
+          "once at most (--listener-slots).",
+          (double) LOAD(listener.slots));
+    gauge(b, "listener_slots_busy", "Listener slots recognising now.",
+          (double) LOAD(listener.slots_busy));
+    head(b, "listener_audio_seconds_total", "counter", "Seconds of input "
+         "audio decoded.");
+    tb_printf(b, PFX "listener_audio_seconds_total %.3f\n",
+              (double) LOAD(listener.audio_ms) / 1e3);
+    counter(b, "listener_segments_total", "Transcript segments (utterances)"
+            " recognised.", LOAD(listener.segments));
+    counter(b, "listener_words_total", "Words recognised.",
+            LOAD(listener.words));
+    counter(b, "listener_decode_errors_total", "Audio inputs refused as not "
+            "audio, corrupt, empty or too long.",
+            LOAD(listener.decode_errors));
+}
+
 /* One stage's value of a family rendered over every stage. */
 typedef double StageValFn(const MetricsStage *s);
 

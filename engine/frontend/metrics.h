@@ -96,6 +96,7 @@ void metrics_thinker(TextBuf *b, const OmniStats *stats);
 /* A kind whose page has no part of its own. */
 void metrics_talker(TextBuf *b, const OmniStats *stats);
 void metrics_voicebox(TextBuf *b, const OmniStats *stats);
+void metrics_listener(TextBuf *b, const OmniStats *stats);
 
 /* One stage, sampled at render time. */
 typedef struct {

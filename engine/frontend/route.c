@@ -11,6 +11,14 @@
  *   text                       thinker
  *   chat/prompt with "audio"   thinker -> talker -> voicebox
  *   "input" (speech)           talker -> voicebox
+ *   "transcribe"               listener
+ *   chat with "audio_in"       listener -> then one of the first two
+ *
+ * The listener is a hop of its own kind: the frontend feeds it (the
+ * client's AUDIO_IN bytes, audio_in.c), its TRANSCRIPTs go to the client
+ * when it is the only hop, and on a chat route they are what the user
+ * said: the hops after it get their SUBMIT at its DONE, with the JSON
+ * that carries those texts (Route.deferred).
  *
  * Along a route, a hop's TEXT goes to the client when the hop is the
  * thinker, and as INPUT TEXT to the next hop when there is one; a BLOCK
@@ -44,10 +52,29 @@ static Stage *row(Frontend *fe, int i) {
     return &fe->stages[i];
 }
 
+/* The listener's row, or NULL in a build without it. */
+static Stage *listener_row(Frontend *fe) {
+#ifdef OMNI_HAVE_SPEECH
+    return row(fe, STAGES_LISTENER);
+#else
+    (void) fe;
+    return NULL;
+#endif
+}
+
 /* The route r takes, into rt. Returns false when it needs stages this
  * build lacks (speech without OMNI_HAVE_SPEECH): the caller refuses. */
 bool route_build(Frontend *fe, const OmniRequest *r, Route *rt) {
     memset(rt, 0, sizeof(*rt));
+    if (r->n_audio_in > 0) {
+#ifdef OMNI_HAVE_SPEECH
+        rt->hop[rt->n++] = row(fe, STAGES_LISTENER);
+        if (r->transcribe) return true;
+        rt->deferred = 1;
+#else
+        return false;
+#endif
+    }
     if (r->input == NULL) rt->hop[rt->n++] = row(fe, STAGES_THINKER);
     if (r->speech.on) {
 #ifdef OMNI_HAVE_SPEECH
@@ -87,16 +114,36 @@ static int hop_of(const Route *rt, const Stage *s) {
     return -1;
 }
 
-/* Every hop gets the request JSON at the start: each parses what it needs
- * (the talker its voice and mode, the voicebox its format and speed). */
-void route_submit(Frontend *fe, Conn *c, const char *json, size_t len) {
-    for (int i = 0; i < c->route.n; i++) {
+/* Hops from..to-1 get the request JSON: each parses what it needs (the
+ * talker its voice and mode, the voicebox its format and speed). */
+static void submit_hops(Frontend *fe, Conn *c, int from, int to,
+                        const char *json, size_t len)
+{
+    for (int i = from; i < to; i++) {
         c->route.working |= 1u << c->route.hop[i]->row;
     }
-    for (int i = 0; i < c->route.n; i++) {
+    for (int i = from; i < to; i++) {
         stages_send(fe, c->route.hop[i], OMNI_F_STAGE_SUBMIT, c->id, json,
                     len);
     }
+}
+
+/* Every hop gets the request at the start, bar the deferred ones. */
+void route_submit(Frontend *fe, Conn *c, const char *json, size_t len) {
+    submit_hops(fe, c, 0, c->route.deferred > 0 ? c->route.deferred
+                                                : c->route.n, json, len);
+}
+
+/* The listener of a chat route is done: the other hops get the request
+ * with what it heard. Returns 0, or -1 out of memory. */
+static int submit_deferred(Frontend *fe, Conn *c) {
+    size_t len;
+    char  *json = audio_in_json(c, &len);
+
+    if (json == NULL) return -1;
+    submit_hops(fe, c, c->route.deferred, c->route.n, json, len);
+    free(json);
+    return 0;
 }
 
 
@@ -165,9 +212,16 @@ static void to_next(Frontend *fe, Conn *c, int i, uint8_t type,
  * speech input the talker's, whose prompt_tokens are the words it read);
  * later hops add what only they know: the talker its phones
  * (audio_tokens), the voicebox the milliseconds it sent (audio_ms). */
-static void merge_done(Route *rt, const OmniDone *d) {
+static void merge_done(Route *rt, const OmniDone *d, bool listener) {
+    if (listener) {
+        rt->done.input_audio_ms = d->input_audio_ms;
+        if (rt->n > 1) return;          // the counts are the next hop's
+    }
     if (!rt->has_done) {
+        uint32_t heard = rt->done.input_audio_ms;
+
         rt->done = *d;
+        rt->done.input_audio_ms = heard > 0 ? heard : d->input_audio_ms;
         rt->has_done = true;
         return;
     }
@@ -248,6 +302,45 @@ static void hop_error(Frontend *fe, Conn *c, const OmniFrameHdr *h,
     conn_end(fe, c);
 }
 
+/* The listener of a chat route: TRANSCRIPTs are what the user said, kept
+ * (audio_in.c); its DONE submits the rest of the route; its ERROR ends
+ * the request as any hop's does. */
+static void listener_event(Frontend *fe, Conn *c, Stage *s,
+                           const OmniFrameHdr *h, const uint8_t *body)
+{
+    OmniDone d;
+
+    switch (h->type) {
+    case OMNI_F_TRANSCRIPT:
+        if (audio_in_heard(c, body, h->len) != 0) {
+            c->route.working &= ~(1u << s->row);
+            route_cancel(fe, c, 0);
+            conn_error(fe, c, 503, NULL, "out_of_memory", "out of memory "
+                       "keeping the transcript of the audio input");
+        }
+        return;
+    case OMNI_F_DONE:
+        c->route.working &= ~(1u << s->row);
+        omni_done_decode(&d, body);
+        merge_done(&c->route, &d, true);
+        if (submit_deferred(fe, c) != 0) {
+            route_cancel(fe, c, 0);
+            conn_error(fe, c, 503, NULL, "out_of_memory", "out of memory "
+                       "passing the transcript of the audio input on");
+        }
+        return;
+    case OMNI_F_STAGE_BLOCK:            // the listener sends none
+        block_drop(fe, body);
+        return;
+    case OMNI_F_ERROR:
+        c->route.working &= ~(1u << s->row);
+        hop_error(fe, c, h, body);
+        return;
+    default:                            // TEXT, AUDIO: not the listener's
+        return;
+    }
+}
+
 /* An event (checked: a valid client frame, or a BLOCK pool_check took)
  * from stage s for request id. */
 void route_event(Frontend *fe, Stage *s, uint64_t id, const OmniFrameHdr *h,
@@ -267,7 +360,19 @@ void route_event(Frontend *fe, Stage *s, uint64_t id, const OmniFrameHdr *h,
     }
     rt = &c->route;
     last = i == rt->n - 1;
+    if (rt->deferred > 0 && i == 0) {
+        listener_event(fe, c, s, h, body);
+        return;
+    }
     switch (h->type) {
+    case OMNI_F_TRANSCRIPT:             // a transcription's: to the client
+        if (c->t_first == 0) {
+            c->t_first = clock_now_s();
+            hist_observe(&fe->metrics.ttft, c->t_first - c->t_arrive, 1);
+        }
+        queued(fe, c, frame_put(&c->wr, h->type, body, h->len),
+               "a transcript");
+        return;
     case OMNI_F_TEXT:
         if (!last) to_next(fe, c, i, h->type, body, h->len);
         if (s != row(fe, STAGES_THINKER)) return;
@@ -294,7 +399,7 @@ void route_event(Frontend *fe, Stage *s, uint64_t id, const OmniFrameHdr *h,
     case OMNI_F_DONE:
         rt->working &= ~(1u << s->row);
         omni_done_decode(&d, body);
-        merge_done(rt, &d);
+        merge_done(rt, &d, s == listener_row(fe));
         if (last) {
             finish(fe, c);
         } else {

@@ -77,9 +77,8 @@ static void thinker_ready(Stage *s, yajl_val v, char *desc, size_t cap) {
 }
 
 #ifdef OMNI_HAVE_SPEECH
-/* ---- The talker's and the voicebox's rows -------------------------------
- * Their READY carries no more than their id, and their pages no part of
- * their own yet. */
+/* ---- The talker's, the voicebox's and the listener's rows ---------------
+ * Their READY carries no more than their id. */
 
 static void speech_init(Stage *s, const ServeConfig *cfg) {
     (void) s;
@@ -103,6 +102,8 @@ static const StageKind STAGE_KINDS[STAGES_N] = {
                         metrics_talker },
     [STAGES_VOICEBOX] = { "voicebox", speech_init, speech_ready,
                           sup_reset_voicebox, metrics_voicebox },
+    [STAGES_LISTENER] = { "listener", speech_init, speech_ready,
+                          sup_reset_listener, metrics_listener },
 #endif
 };
 

@@ -176,6 +176,10 @@ void sup_reset_voicebox(OmniStats *st) {
     ZERO(st->voicebox.slots_busy);
 }
 
+void sup_reset_listener(OmniStats *st) {
+    ZERO(st->listener.slots_busy);
+}
+
 #undef ZERO
 
 bool sup_reap(StageProc *sp) {

@@ -31,6 +31,7 @@ void sup_reset_thinker(OmniStats *st);
 /* A kind with no gauges of its own. */
 void sup_reset_none(OmniStats *st);
 void sup_reset_voicebox(OmniStats *st);
+void sup_reset_listener(OmniStats *st);
 
 typedef struct {
     const char *kind;               // "thinker", borrowed (static)

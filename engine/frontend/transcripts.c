@@ -172,18 +172,13 @@ const char *transcripts_get(Transcripts *t, const char *id, double now,
 
 /* ---- Splicing into a request --------------------------------------------- */
 
-/* Appends n bytes of s at *at of out when they fit cap; *at always moves,
- * so it ends as the length needed. */
-static void put(char *out, size_t cap, size_t *at, const char *s, size_t n) {
+void json_put(char *out, size_t cap, size_t *at, const char *s, size_t n) {
     if (*at + n <= cap) memcpy(out + *at, s, n);
     *at += n;
 }
 
-/* text as the inside of a JSON string: '"', '\\' and the control
- * characters escaped, the rest (well-formed UTF-8, as put checked) as it
- * is. */
-static void put_escaped(char *out, size_t cap, size_t *at, const char *text,
-                        size_t len)
+void json_put_escaped(char *out, size_t cap, size_t *at, const char *text,
+                      size_t len)
 {
     static const char hex[] = "0123456789abcdef";
     size_t            run = 0;
@@ -194,16 +189,16 @@ static void put_escaped(char *out, size_t cap, size_t *at, const char *text,
                                  hex[ch & 15] };
 
         if (ch != '"' && ch != '\\' && ch >= 0x20) continue;
-        put(out, cap, at, text + run, i - run);
+        json_put(out, cap, at, text + run, i - run);
         run = i + 1;
         if (ch == '"' || ch == '\\') {
             esc[1] = (char) ch;
-            put(out, cap, at, esc, 2);
+            json_put(out, cap, at, esc, 2);
         } else {
-            put(out, cap, at, esc, 6);
+            json_put(out, cap, at, esc, 6);
         }
     }
-    put(out, cap, at, text + run, len - run);
+    json_put(out, cap, at, text + run, len - run);
 }
 
 /* Whether message i's id was already attached by an earlier message. */
@@ -237,15 +232,15 @@ long transcripts_attach(Transcripts *t, const OmniRequest *r,
             *missing = i;
             return -1;
         }
-        if (n_ids++ == 0) put(out, cap, &at, member, sizeof(member) - 1);
-        put(out, cap, &at, n_ids == 1 ? "\"" : ",\"", n_ids == 1 ? 1 : 2);
-        put(out, cap, &at, id, strlen(id));
-        put(out, cap, &at, "\":\"", 3);
-        put_escaped(out, cap, &at, text, tlen);
-        put(out, cap, &at, "\"", 1);
+        if (n_ids++ == 0) json_put(out, cap, &at, member, sizeof(member) - 1);
+        json_put(out, cap, &at, n_ids == 1 ? "\"" : ",\"", n_ids == 1 ? 1 : 2);
+        json_put(out, cap, &at, id, strlen(id));
+        json_put(out, cap, &at, "\":\"", 3);
+        json_put_escaped(out, cap, &at, text, tlen);
+        json_put(out, cap, &at, "\"", 1);
     }
     if (n_ids == 0) return 0;
-    put(out, cap, &at, "}}", 2);
+    json_put(out, cap, &at, "}}", 2);
     if (at <= cap) memcpy(out, json, end);
     return (long) at;
 }

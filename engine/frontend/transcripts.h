@@ -102,4 +102,13 @@ long transcripts_attach(Transcripts *t, const OmniRequest *r,
                         const char *json, size_t len, double now, char *out,
                         size_t cap, int *missing);
 
+/* Sizing writers for JSON the frontend splices into a request: each
+ * appends at *at of out when it fits cap, and moves *at in any case, so a
+ * first pass with cap 0 measures. json_put_escaped writes text as the
+ * inside of a JSON string ('"', '\\' and control characters escaped; the
+ * rest must be well-formed UTF-8). */
+void json_put(char *out, size_t cap, size_t *at, const char *s, size_t n);
+void json_put_escaped(char *out, size_t cap, size_t *at, const char *text,
+                      size_t len);
+
 #endif

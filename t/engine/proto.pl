@@ -19,9 +19,10 @@ use Time::HiRes qw(time sleep);
 require './t/engine/lib.pl';
 our ($ENGINE, $MODEL, $TMP);
 
-our %F = (REQUEST => 1, HEALTH => 2, MODELS => 3, METRICS => 4, TEXT => 16,
-          AUDIO => 17, DONE => 18, ERROR => 19, HEALTH_R => 20,
-          MODELS_R => 21, METRICS_R => 22);
+our %F = (REQUEST => 1, HEALTH => 2, MODELS => 3, METRICS => 4,
+          AUDIO_IN => 5, TEXT => 16, AUDIO => 17, DONE => 18, ERROR => 19,
+          HEALTH_R => 20, MODELS_R => 21, METRICS_R => 22,
+          TRANSCRIPT => 23);
 our @FINISH = ('stop', 'length');
 
 # OMNI_PROTO_VERSION, read from the header both sides include.
@@ -159,11 +160,14 @@ sub add_frames {
         } elsif ($type == $F{AUDIO}) {
             $r->{audio} .= $p;
         } elsif ($type == $F{DONE}) {
-            my @u = unpack('V V V C x3 Q< V V', $p);
+            my @u = unpack('V V V C x3 Q< V V V', $p);
             $r->{done} = { prompt_tokens => $u[0], cached_tokens => $u[1],
                            completion_tokens => $u[2],
                            finish => $FINISH[$u[3]] // $u[3], seed => $u[4],
-                           audio_tokens => $u[5], audio_ms => $u[6] };
+                           audio_tokens => $u[5], audio_ms => $u[6],
+                           input_audio_ms => $u[7] };
+        } elsif ($type == $F{TRANSCRIPT}) {
+            push @{ $r->{transcripts} }, decode_json($p);
         } elsif ($type == $F{ERROR}) {
             $r->{error} = decode_error($p);
         }
@@ -199,6 +203,35 @@ sub send_raw {
 sub request {
     my ($srv, $req, %o) = @_;
     return send_raw($srv, frame($F{REQUEST}, encode_json($req)), %o);
+}
+
+# The frames of a request with audio input: REQUEST (with "audio_in"
+# filled in from @$files when the request has none), then the files'
+# bytes in AUDIO_IN frames of at most 64 KiB.
+sub audio_frames {
+    my ($req, $files) = @_;
+    my %r = %$req;
+    $r{audio_in} //= [ map { { format => 'auto', bytes => length $_ } }
+                       @$files ];
+    my $out = frame($F{REQUEST}, encode_json(\%r));
+    my $all = join('', @$files);
+    for (my $at = 0; $at < length $all; $at += 65536) {
+        $out .= frame($F{AUDIO_IN}, substr($all, $at, 65536));
+    }
+    return $out;
+}
+
+# request() with audio input: $files the bytes of each input.
+sub request_audio {
+    my ($srv, $req, $files, %o) = @_;
+    local $SIG{PIPE} = 'IGNORE';
+    return send_raw($srv, audio_frames($req, $files), %o);
+}
+
+# The transcript of a reply: its TRANSCRIPT segments' texts joined.
+sub transcript_text {
+    my ($r) = @_;
+    return join(' ', map { $_->{text} } @{ $r->{transcripts} // [] });
 }
 
 # (status, reason), or () when nothing answers.
@@ -246,7 +279,11 @@ sub run_concurrent {
         while (@socks < @$reqs && time >= $t0 + @socks * $gap) {
             my $i = @socks;
             my $s = engine_connect($srv) or die "connect: $!";
-            $s->syswrite(frame($F{REQUEST}, encode_json($reqs->[$i])));
+            local $SIG{PIPE} = 'IGNORE';
+            # a request, or [request, [audio input bytes...]]
+            $s->syswrite(ref $reqs->[$i] eq 'ARRAY'
+                         ? audio_frames(@{ $reqs->[$i] })
+                         : frame($F{REQUEST}, encode_json($reqs->[$i])));
             $s->blocking(0);
             push @socks, $s;
             push @replies, new_reply();
