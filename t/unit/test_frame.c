@@ -108,7 +108,7 @@ static void test_round_trip_engine(void **state) {
 
 static void test_round_trip_client(void **state) {
     uint8_t   done[OMNI_DONE_LEN], err[64], health[16];
-    OmniDone  d = { 12, 8, 30, OMNI_FINISH_LENGTH, 77, 0, 0 };
+    OmniDone  d = { 12, 8, 30, OMNI_FINISH_LENGTH, 77, 0, 0, 0 };
     OmniError e = { 400, "invalid_request_error", 21, "", 0, "", 0,
                     "bad", 3 };
     size_t    elen = omni_error_encode(err, &e);
@@ -554,7 +554,8 @@ static void test_put2(void **state) {
 static void test_done_codec(void **state) {
     uint8_t  p[OMNI_DONE_LEN];
     OmniDone d = { 100000, 4096, 7, OMNI_FINISH_STOP,
-                   0x7fedcba987654321ull, 321, 0x01020304 }, e;
+                   0x7fedcba987654321ull, 321, 0x01020304,
+                   0xa0b0c0d0 }, e;
 
     (void) state;
     omni_done_encode(p, &d);
@@ -570,6 +571,9 @@ static void test_done_codec(void **state) {
     assert_int_equal(e.audio_tokens, 321);
     assert_int_equal(e.audio_ms, 0x01020304);
     assert_int_equal(p[28], 0x04);
+    assert_true(e.input_audio_ms == 0xa0b0c0d0);
+    assert_int_equal(p[32], 0xd0);
+    assert_int_equal(p[36] | p[37] | p[38] | p[39], 0);
     d.finish = OMNI_FINISH_LENGTH;
     omni_done_encode(p, &d);
     assert_int_equal(omni_done_decode(&e, p), 0);
