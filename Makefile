@@ -77,12 +77,14 @@ endif
 # speech (OMNI_HAVE_SPEECH).
 ifeq ($(CROSS),)
 SPEECH_AUDIO  := audio tts
-SPEECH_STAGES := talker voicebox
-CFLAGS        += -DOMNI_HAVE_SPEECH -isystem /usr/include/opus
+SPEECH_STAGES := talker voicebox listener
+CFLAGS        += -DOMNI_HAVE_SPEECH -isystem /usr/include/opus \
+                 -isystem /usr/include/pocketsphinx \
+                 -isystem /usr/include/$(HOST_ARCH)-linux-gnu/sphinxbase
 LDLIBS        += -lflite_cmu_us_rms -lflite_cmu_us_slt -lflite_cmu_us_awb \
                  -lflite_cmu_us_kal16 -lflite_usenglish -lflite_cmulex \
                  -lflite -lsoxr -lmp3lame -lopusenc -lopus -lFLAC \
-                 -lavcodec -lavutil
+                 -lavcodec -lavutil -lpocketsphinx -lsphinxbase
 endif
 
 # The engine's folders, in the order of its layers (README, "Layout"). Each
@@ -104,6 +106,7 @@ INC_frontend := proto base request stage frontend
 INC_thinker  := proto base request llm stage thinker
 INC_talker   := proto base request tts stage talker
 INC_voicebox := proto base request audio tts stage voicebox
+INC_listener := proto base request audio tts stage listener
 INC_cli      := proto base request llm stage cli
 INC_main     := proto $(ENGINE_DIRS)
 KERNEL_INCS  := -Ikernels -Ikernels/cpu
@@ -297,11 +300,13 @@ $(BUILD)/bench/flite_say: bench/flite_say.c
 # missing, so it is quick on a machine that has them.
 BUILD_PKGS := gcc make libpcre2-dev libyajl-dev nginx nginx-dev \
               flite1-dev libsoxr-dev libmp3lame-dev libopusenc-dev \
-              libopus-dev libflac-dev libavcodec-dev
+              libopus-dev libflac-dev libavcodec-dev libpocketsphinx-dev \
+              libsphinxbase-dev pocketsphinx-en-us
 # Independent decoders for the audio the engine writes (t/tools/).
 TEST_PKGS  := libsndfile1-dev libmpg123-dev libopusfile-dev libfaad-dev \
               libcmocka-dev clang libclang-rt-14-dev perl git ca-certificates curl \
-              nginx nginx-dev nodejs $(if $(shell command -v npm),,npm)
+              nginx nginx-dev nodejs $(if $(shell command -v npm),,npm) \
+              pocketsphinx-testdata lame flac opus-tools
 BENCH_PKGS := cmake g++ git ca-certificates $(if $(shell command -v npm),,npm) \
               pocketsphinx pocketsphinx-en-us libpocketsphinx-dev
 

@@ -38,11 +38,12 @@
 #include "thinker.h"
 #include "tokenizer.h"
 #ifdef OMNI_HAVE_SPEECH
+#include "listener.h"
 #include "talker.h"
 #include "voicebox.h"
 #endif
 
-#define MAX_OPTS 32
+#define MAX_OPTS 48
 
 /* ---- Option parsing ----------------------------------------------------
  * Options are "--name value" or boolean "--name". Each subcommand lists the
@@ -551,7 +552,8 @@ static const char *const SERVE_VALS[] = {
     "drain-timeout", "read-timeout", "stage-unready-after",
     "stage-kill-after", "log-level", "lock-file", "pool-blocks",
     "pool-block-kib", "voicebox-slots", "speech-first-words",
-    "speech-chunk-words", "speech-quality-words", NULL
+    "speech-chunk-words", "speech-quality-words", "listener-slots",
+    "listener-buffer-mib", "listener-model", NULL
 };
 static const char *const SERVE_FLAGS[] = {
     "mmap", "no-prefix-cache", "replace", NULL
@@ -629,6 +631,10 @@ static void read_serve(const Opts *o, ServeConfig *c, char *name, size_t cap)
                                           1000);
     c->speech_quality_words = (int) opt_int(o, "speech-quality-words", 0, 1,
                                             1000);
+    c->listener_slots = (int) opt_int(o, "listener-slots", 0, 1, 256);
+    c->listener_buffer_mib = (int) opt_int(o, "listener-buffer-mib", 0, 1,
+                                           1 << 20);
+    c->listener_model = opt_str(o, "listener-model", NULL);
     log_set_level(parse_log_level(opt_str(o, "log-level", "info")));
 }
 
@@ -655,6 +661,7 @@ static const StageOps *const STAGES[] = {
 #ifdef OMNI_HAVE_SPEECH
     &talker_stage,
     &voicebox_stage,
+    &listener_stage,
 #endif
 };
 
@@ -798,6 +805,8 @@ static void usage(FILE *f) {
           "             [--voicebox-slots N] [--speech-first-words 4]\n"
           "             [--speech-chunk-words 12] "
           "[--speech-quality-words 40]\n"
+          "             [--listener-slots N] [--listener-buffer-mib 256]\n"
+          "             [--listener-model DIR]\n"
           "  stage      NAME --ipc-fd N --stats-fd N [--pool-fd N]\n"
           "             [--stage-owner N] [serve options]\n"
           "             (started by serve, not by hand)\n"

@@ -42,6 +42,13 @@ typedef struct {
     int         voicebox_slots;     // --voicebox-slots N: requests
                                     //   synthesized at once; 0: one per
                                     //   CPU, at least 2
+    /* the listener stage (listener/) */
+    int         listener_slots;     // --listener-slots N: inputs
+                                    //   recognised at once; 0: one per
+                                    //   CPU, 1..4
+    int         listener_buffer_mib;// audio bytes held at once; 0: 256
+    const char *listener_model;     // pocketsphinx model dir; NULL: the
+                                    //   default (asr.h)
     int         drain_s;            // on SIGTERM, wait this long for
                                     //   requests in flight (default 30)
     int         read_timeout_s;     // a connection's one frame must be
