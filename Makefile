@@ -84,7 +84,7 @@ CFLAGS        += -DOMNI_HAVE_SPEECH -isystem /usr/include/opus \
 LDLIBS        += -lflite_cmu_us_rms -lflite_cmu_us_slt -lflite_cmu_us_awb \
                  -lflite_cmu_us_kal16 -lflite_usenglish -lflite_cmulex \
                  -lflite -lsoxr -lmp3lame -lopusenc -lopus -lFLAC \
-                 -lavcodec -lavutil -lpocketsphinx -lsphinxbase
+                 -lavcodec -lavutil -lpocketsphinx -lsphinxbase -lmpg123 -lopusfile
 endif
 
 # The engine's folders, in the order of its layers (README, "Layout"). Each

@@ -46,6 +46,7 @@ struct Asr {
                                 //   mean; as it was after loading:
     mfcc_t       *cmn0;         //   its mean and sum, (2 * veclen,),
     int32         cmn0_frames;  //   owned, and its frame count
+    bool          open;         // an utterance is started
     bool          in_utt;       // speech seen since the utterance began
     uint64_t      utt_samples;  // samples fed since then
     uint32_t      rng;          // the dither's state
@@ -150,6 +151,7 @@ static int utt_end(Asr *a, AsrSegmentFn fn, void *ud, Err *err) {
     double     sum = 0;
     int        n = 0;
 
+    a->open = false;
     if (ps_end_utt(a->ps) < 0) return err_set(err, "pocketsphinx: cannot "
                                               "end the utterance");
     for (ps_seg_t *s = ps_seg_iter(a->ps); s != NULL; s = ps_seg_next(s)) {
@@ -180,7 +182,13 @@ static int utt_end(Asr *a, AsrSegmentFn fn, void *ud, Err *err) {
     return fn(ud, &seg, err);
 }
 
+/* A stream abandoned mid-way (a corrupt file, a cancel) left its
+ * utterance open: pocketsphinx refuses to start another until it ends. */
 int asr_begin(Asr *a, Err *err) {
+    if (a->open) {
+        a->open = false;
+        (void) ps_end_utt(a->ps);
+    }
     a->in_utt = false;
     a->utt_samples = 0;
     a->rng = 0x2545f491u;
@@ -194,6 +202,7 @@ int asr_begin(Asr *a, Err *err) {
     if (ps_start_stream(a->ps) < 0 || ps_start_utt(a->ps) < 0) {
         return err_set(err, "pocketsphinx: cannot start a stream");
     }
+    a->open = true;
     return 0;
 }
 
@@ -233,6 +242,7 @@ int asr_feed(Asr *a, const int16_t *pcm, size_t n, AsrSegmentFn fn,
                 return err_set(err, "pocketsphinx: cannot start an "
                                "utterance");
             }
+            a->open = true;
         }
     }
     return 0;

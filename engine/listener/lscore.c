@@ -7,11 +7,12 @@
  *
  * A request's life: ls_submit (RECEIVING) -> ls_audio copies its bytes
  * -> ls_input_done queues it (QUEUED) -> a worker takes it (RUNNING) and
- * runs it to its end -> ENDED (DONE, ERROR, CANCELLED) on the ended list
- * -> ls_next reports the end and frees it. Only ls_next frees a request,
- * and only after the outbox entries that name it: the outbox is drained
- * before the ended list, and a request is put on the ended list only
- * after its last entry. */
+ * runs it to its end -> ENDED: its end (DONE, ERROR, CANCELLED) joins the
+ * outbox -> ls_next reports the end and frees it. One FIFO carries
+ * every entry, ends included, so the loop sees what happened in the order
+ * it happened (a request's DONE before the STARTED of the one its slot
+ * takes next), and a request is freed only after the entries that name
+ * it. */
 
 #include <assert.h>
 #include <errno.h>
@@ -44,16 +45,27 @@ static void runq_remove(LsCore *c, LsReq *r) {
     }
 }
 
-/* r is over: to the ended list for ls_next. */
+/* Appends an entry (under mu). The caller made sure of room. */
+static void box_put(LsCore *c, LsReq *r, LsOutKind kind, char *json,
+                    size_t len)
+{
+    LsEntry *e = &c->box[(c->box_head + c->box_n++) % c->box_cap];
+
+    assert(c->box_n <= c->box_cap);
+    e->r = r;
+    e->kind = kind;
+    e->json = json;
+    e->len = len;
+    efd_kick(c);
+}
+
+/* r is over: its end goes to the outbox, for ls_next. An end always has
+ * room: box_cap leaves one per request held. */
 static void ls_end(LsCore *c, LsReq *r, LsOutKind kind) {
     if (r->state == LS_QUEUED) runq_remove(c, r);
     r->state = LS_ENDED;
     r->end = kind;
-    r->qnext = NULL;
-    if (c->ended_tail != NULL) c->ended_tail->qnext = r;
-    else c->ended = r;
-    c->ended_tail = r;
-    efd_kick(c);
+    box_put(c, r, kind, NULL, 0);
 }
 
 /* Fails r from the loop: it ends at once unless a worker has it, which
@@ -92,10 +104,8 @@ static void stats_gauges(LsCore *c) {
 }
 
 int ls_post(LsCore *c, LsReq *r, LsOutKind kind, char *json, size_t len) {
-    LsEntry *e;
-
     pthread_mutex_lock(&c->mu);
-    while (c->box_n == LS_BOX && !atomic_load(&r->stop)) {
+    while (c->box_data == LS_BOX && !atomic_load(&r->stop)) {
         pthread_cond_wait(&c->room, &c->mu);
     }
     if (atomic_load(&r->stop)) {
@@ -103,12 +113,8 @@ int ls_post(LsCore *c, LsReq *r, LsOutKind kind, char *json, size_t len) {
         free(json);
         return -1;
     }
-    e = &c->box[(c->box_head + c->box_n++) % LS_BOX];
-    e->r = r;
-    e->kind = kind;
-    e->json = json;
-    e->len = len;
-    efd_kick(c);
+    c->box_data++;
+    box_put(c, r, kind, json, len);
     pthread_mutex_unlock(&c->mu);
     return 0;
 }
@@ -192,8 +198,10 @@ LsCore *ls_new(const LsConfig *cfg, Err *err) {
         goto fail;
     }
     c->workers = calloc((size_t) cfg->slots, sizeof(*c->workers));
+    c->box_cap = LS_BOX + cfg->max_requests;
+    c->box = calloc((size_t) c->box_cap, sizeof(*c->box));
     c->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (c->workers == NULL || c->efd < 0) {
+    if (c->workers == NULL || c->box == NULL || c->efd < 0) {
         err_set(err, "listener: %s", c->efd < 0 ? strerror(errno)
                                                 : "out of memory");
         goto fail;
@@ -460,27 +468,24 @@ bool ls_next(LsCore *c, LsOut *o) {
     free(c->last_json);
     c->last_json = NULL;
     while (!got && c->box_n > 0) {
-        LsEntry *e = &c->box[c->box_head];
+        LsEntry e = c->box[c->box_head];
 
-        c->box_head = (c->box_head + 1) % LS_BOX;
+        c->box_head = (c->box_head + 1) % c->box_cap;
         c->box_n--;
-        pthread_cond_broadcast(&c->room);
-        if (atomic_load(&e->r->stop)) {
-            free(e->json);
-            continue;
+        if (e.kind == LS_OUT_STARTED || e.kind == LS_OUT_SEGMENT) {
+            c->box_data--;
+            pthread_cond_broadcast(&c->room);
+            if (atomic_load(&e.r->stop)) {      // cancelled since
+                free(e.json);
+                continue;
+            }
+            o->kind = e.kind;
+            o->id = e.r->id;
+            o->json = c->last_json = e.json;
+            o->len = e.len;
+        } else {
+            ls_reap(c, e.r, o);
         }
-        o->kind = e->kind;
-        o->id = e->r->id;
-        o->json = c->last_json = e->json;
-        o->len = e->len;
-        got = true;
-    }
-    if (!got && c->ended != NULL) {
-        LsReq *r = c->ended;
-
-        c->ended = r->qnext;
-        if (c->ended == NULL) c->ended_tail = NULL;
-        ls_reap(c, r, o);
         got = true;
     }
     if (!got) (void) read(c->efd, &drain, sizeof(drain));
@@ -523,6 +528,7 @@ void ls_free(LsCore *c) {
     ls_join(c, "the listener is stopping");
     while (ls_next(c, &o)) {}
     free(c->last_json);
+    free(c->box);
     workers_free(c);
     if (c->efd >= 0) close(c->efd);
     pthread_cond_destroy(&c->room);

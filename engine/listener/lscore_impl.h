@@ -16,7 +16,7 @@ typedef enum {
     LS_QUEUED,          // all in; in the run queue
     LS_RUNNING,         // a worker has it; only that worker touches the
                         //   recognition fields below
-    LS_ENDED,           // on the ended list, for ls_next to report
+    LS_ENDED,           // its end is in the outbox, for ls_next
 } LsState;
 
 typedef struct {
@@ -31,7 +31,7 @@ struct LsReq {
     LsCore         *core;           // borrowed
     uint64_t        id;
     LsReq          *next;           // the held list (all requests)
-    LsReq          *qnext;          // the run queue or the ended list
+    LsReq          *qnext;          // the run queue
     /* scheduling, under core->mu */
     LsState         state;
     LsOutKind       end;            // when ENDED: DONE, ERROR, CANCELLED
@@ -58,10 +58,12 @@ struct LsReq {
     uint32_t        done_ms;        // DONE's input_audio_ms, under mu
 };
 
+/* An outbox entry: a request's STARTED or segment, or its end (DONE,
+ * ERROR, CANCELLED), which comes after its other entries and frees it. */
 typedef struct {
-    LsReq          *r;              // borrowed: a request leaves the held
-                                    //   list only after its entries
-    LsOutKind       kind;           // LS_OUT_STARTED or LS_OUT_SEGMENT
+    LsReq          *r;              // borrowed: a request is freed only
+                                    //   when its end is taken
+    LsOutKind       kind;
     char           *json;           // owned (SEGMENT)
     size_t          len;
 } LsEntry;
@@ -87,9 +89,11 @@ struct LsCore {
     int             n_held;
     uint64_t        bytes_held;     // sum of their totals
     LsReq          *runq, *runq_tail;   // FIFO
-    LsReq          *ended, *ended_tail; // FIFO, for ls_next
-    LsEntry         box[LS_BOX];    // ring: the outbox
-    int             box_head, box_n;
+    LsEntry        *box;            // (box_cap,) ring: the outbox, owned;
+    int             box_cap;        //   LS_BOX for STARTEDs and segments
+    int             box_head, box_n;//   (box_data of them) plus one end
+    int             box_data;       //   per request held
+
     int             busy;           // workers on a request now
     int             efd;            // eventfd: something for the loop
     char           *last_json;      // the last SEGMENT ls_next returned,

@@ -23,15 +23,30 @@ our ($ENGINE, $TMP, %F);
 our $srv_;
 
 # The word error rates pocketsphinx's general US-English model reaches on
-# these recordings here (measured: README, "Audio in"), with headroom; a
-# broken decoder, resampler or segmenter lands far above them.
-my $WER_JFK = 0.35;
+# these recordings here (measured: README, "Audio in": JFK 31.8% from
+# WAV and FLAC, 36.4% through lame's MP3 at 64 kbps, 45.5% through
+# opusenc's Opus; LibriVox 35.2%), with headroom; a broken decoder,
+# resampler or segmenter lands far above them (a wrong rate or channel
+# count: 90-100%).
+my $WER_JFK = 0.55;
 my $WER_LIBRIVOX = 0.45;
 
 my $SAMPLES = `t/fetch-speech-samples` =~ s/\s+$//r;
 my $LIBRIVOX = '/usr/share/pocketsphinx/test/data/librivox';
 my %REF = (jfk => slurp("$SAMPLES/jfk.txt"));
-my $JFK = slurp("$SAMPLES/jfk.wav");
+# jfk.wav as shipped has a LIST chunk before its data (ffmpeg's); the
+# tests that cut and splice WAV bytes use the same samples behind the
+# canonical 44-byte header, which wav44 writes.
+my $JFK_FILE = slurp("$SAMPLES/jfk.wav");
+my ($JFK_PCM) = $JFK_FILE =~ /data....(.*)\z/s or die "jfk.wav: no data\n";
+my $JFK = wav44($JFK_PCM);
+
+sub wav44 {
+    my ($pcm) = @_;
+    return 'RIFF' . pack('V', 36 + length $pcm) . 'WAVEfmt '
+        . pack('VvvVVvv', 16, 1, 1, 16000, 32000, 2, 16) . 'data'
+        . pack('V', length $pcm) . $pcm;
+}
 for (split /\n/, slurp("$LIBRIVOX/transcription")) {
     my ($text, $id) = /^<s> (.*?) <\/s> \((\S+)\)/ or next;
     $REF{$id} = $text;
@@ -96,7 +111,7 @@ unless ($stages =~ /\blistener\b/) {
 
 # --- JFK in WAV: segments, words, timings, WER ------------------------------
 {
-    my $r = transcribe($JFK);
+    my $r = transcribe($JFK_FILE);
     ok_done($r, 'jfk wav');
     my @seg = @{ $r->{transcripts} // [] };
     ok(@seg >= 1, 'jfk wav: ' . scalar(@seg) . ' TRANSCRIPT segments');
@@ -252,9 +267,7 @@ unless ($stages =~ /\blistener\b/) {
 {
     my $srv = serve_start(args => ['--pool-blocks', 16, '--pool-block-kib',
                                    4], timeout => 60);
-    my $long = $JFK . substr($JFK, 44) x 5;     # 66 s, 2 MB
-    substr($long, 4, 4) = pack('V', length($long) - 8);
-    substr($long, 40, 4) = pack('V', length($long) - 44);
+    my $long = wav44($JFK_PCM x 6);             # 66 s, 2 MB
     my $r = request_audio($srv, transcribe_req(bytes => length $long),
                           [$long], timeout => 120);
     ok_done($r, 'a 2 MB upload through a 64 KiB pool');
@@ -289,8 +302,7 @@ unless ($stages =~ /\blistener\b/) {
 {
     my $TEXT = { prompt => 'Once upon a time', max_tokens => 200,
                  temperature => 0 };
-    my $three = $JFK . substr($JFK, 44) x 2;
-    substr($three, 40, 4) = pack('V', length($three) - 44);
+    my $three = wav44($JFK_PCM x 3);
     my @reqs = ((map { [transcribe_req(bytes => length $three), [$three]] }
                  1 .. 4), $TEXT, $TEXT);
     my $pid = stage_pid($srv_, 'listener');
