@@ -259,6 +259,19 @@ $(BUILD)/tsan/t/test_voicebox: t/unit/test_voicebox.c $(VOICEBOX_TSAN_SRCS)
 	$(CC) $(CFLAGS) $(ALL_INCS) -O1 -fsanitize=thread -o $@ $^ -lcmocka \
 	    $(LDLIBS) $(DECODE_LIBS)
 
+# The listener's workers and its loop share requests and the outbox: its
+# test also runs under ThreadSanitizer, with the decoders and pocketsphinx.
+LISTENER_TSAN_SRCS := $(wildcard engine/listener/ls*.c) \
+                      engine/listener/asr_ps.c \
+                      $(wildcard engine/tts/*.c engine/audio/*.c \
+                                 engine/request/*.c) \
+                      engine/base/pool.c engine/base/log.c
+TSAN_BINS += $(BUILD)/tsan/t/test_listener
+$(BUILD)/tsan/t/test_listener: t/unit/test_listener.c $(LISTENER_TSAN_SRCS)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(ALL_INCS) -O1 -fsanitize=thread -o $@ $^ -lcmocka \
+	    $(LDLIBS)
+
 $(BUILD)/bench/bench_audio $(BUILD)/bench/bench_voicebox: \
         $(BUILD)/bench/%: bench/%.c $(BUILD)/libomni.a
 	@mkdir -p $(@D)

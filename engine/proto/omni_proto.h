@@ -51,14 +51,18 @@
  *              (an utterance) of an audio input, sent as soon as the
  *              utterance ends:
  *                {"input":0,"text":"and so my fellow americans",
- *                 "start":0.32,"end":2.71,
+ *                 "start":0.32,"end":2.71,"avg_logprob":-0.8123,
  *                 "words":[{"word":"and","start":0.32,"end":0.45},...]}
  *              "input" indexes "audio_in"; "text" is the words joined by
  *              single spaces (no leading space: the client puts one
- *              between segments); times are seconds from the start of
- *              that input's audio. A segment without words is not sent.
- *              For a chat request the engine keeps the texts (they become
- *              the user's words) and sends none.
+ *              between segments), lower case as the recogniser's
+ *              dictionary has them; times are seconds from the start of
+ *              that input's audio; "avg_logprob" is the mean natural log
+ *              of the words' posterior probabilities; "words" is there
+ *              only when "transcribe" asked for them ("words": true). A
+ *              segment without words is not sent; one lasts at most 30 s
+ *              of speech. For a chat request the engine keeps the texts
+ *              (they become the user's words) and sends none.
  *   DONE       OMNI_DONE_LEN bytes: u32 prompt_tokens, u32 cached_tokens
  *              (prompt tokens whose KV came from the prefix cache), u32
  *              completion_tokens, u8 finish (OmniFinish), 3 bytes zero,
