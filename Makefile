@@ -436,6 +436,7 @@ bench: all $(BUILD)/bench/bench_kernels $(BUILD)/bench/loadgen \
 	bench/run
 	bench/nginx
 	bench/speech
+	bench/listen
 
 clean:
 	rm -rf $(BUILD)
