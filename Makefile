@@ -82,7 +82,7 @@ CFLAGS        += -DOMNI_HAVE_SPEECH -isystem /usr/include/opus
 LDLIBS        += -lflite_cmu_us_rms -lflite_cmu_us_slt -lflite_cmu_us_awb \
                  -lflite_cmu_us_kal16 -lflite_usenglish -lflite_cmulex \
                  -lflite -lsoxr -lmp3lame -lopusenc -lopus -lFLAC \
-                 -lavcodec -lavutil
+                 -lavcodec -lavutil -lmpg123 -lopusfile
 endif
 
 # The engine's folders, in the order of its layers (README, "Layout"). Each
@@ -237,8 +237,8 @@ $(BUILD)/tools/audio_probe: t/tools/audio_probe.c t/tools/audio_decode.c \
 	$(CC) $(CFLAGS) -o $@ t/tools/audio_probe.c t/tools/audio_decode.c \
 	    $(DECODE_LIBS)
 
-DECODE_TESTS := $(foreach t,test_audio test_voicebox,$(BUILD)/t/$(t) \
-                                                  $(BUILD)/asan/t/$(t))
+DECODE_TESTS := $(foreach t,test_audio test_audio_in test_voicebox, \
+                    $(BUILD)/t/$(t) $(BUILD)/asan/t/$(t))
 $(DECODE_TESTS): t/tools/audio_decode.c t/tools/audio_decode.h
 $(DECODE_TESTS): LDLIBS += t/tools/audio_decode.c $(DECODE_LIBS)
 
@@ -297,7 +297,8 @@ $(BUILD)/bench/flite_say: bench/flite_say.c
 # missing, so it is quick on a machine that has them.
 BUILD_PKGS := gcc make libpcre2-dev libyajl-dev nginx nginx-dev \
               flite1-dev libsoxr-dev libmp3lame-dev libopusenc-dev \
-              libopus-dev libflac-dev libavcodec-dev
+              libopus-dev libflac-dev libavcodec-dev libmpg123-dev \
+              libopusfile-dev
 # Independent decoders for the audio the engine writes (t/tools/).
 TEST_PKGS  := libsndfile1-dev libmpg123-dev libopusfile-dev libfaad-dev \
               libcmocka-dev clang libclang-rt-14-dev perl git ca-certificates curl \
