@@ -256,7 +256,8 @@ $(BUILD)/tsan/t/test_voicebox: t/unit/test_voicebox.c $(VOICEBOX_TSAN_SRCS)
 	$(CC) $(CFLAGS) $(ALL_INCS) -O1 -fsanitize=thread -o $@ $^ -lcmocka \
 	    $(LDLIBS) $(DECODE_LIBS)
 
-$(BUILD)/bench/bench_audio $(BUILD)/bench/bench_voicebox: \
+$(BUILD)/bench/bench_audio $(BUILD)/bench/bench_audio_in \
+$(BUILD)/bench/bench_voicebox: \
         $(BUILD)/bench/%: bench/%.c $(BUILD)/libomni.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(ALL_INCS) -MMD -MP -o $@ $< $(BUILD)/libomni.a \
@@ -393,24 +394,31 @@ run:
 
 # Each fuzz target links only the sources it exercises (no kernels, no
 # threads), so it builds with clang alone and stays fast per input.
-FUZZ_TARGETS    := gguf proto
+FUZZ_TARGETS    := gguf proto audio
 FUZZ_SRCS_gguf  := engine/llm/gguf.c engine/llm/tokenizer.c \
                    engine/llm/tokenizer_encode.c engine/llm/tokenizer_pre.c \
                    engine/llm/detok.c engine/base/log.c \
                    kernels/dtype.c
 FUZZ_SRCS_proto := engine/base/frame.c $(wildcard engine/request/*.c) \
                    engine/llm/sampler.c engine/llm/stop.c engine/base/log.c
+# The audio-input decoders: our code is instrumented, the codec libraries
+# (Debian's builds, fuzzed upstream by OSS-Fuzz) are called as they are.
+FUZZ_SRCS_audio := engine/audio/decode.c $(wildcard engine/audio/dec_*.c) \
+                   engine/audio/resample.c engine/base/log.c
+FUZZ_LIBS_audio := -isystem /usr/include/opus -pthread -lmpg123 -lopusfile \
+                   -lFLAC -lsoxr
 
 fuzz: $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz_%)
 
 $(BUILD)/fuzz/fuzz_gguf: $(FUZZ_SRCS_gguf)
 $(BUILD)/fuzz/fuzz_proto: $(FUZZ_SRCS_proto)
+$(BUILD)/fuzz/fuzz_audio: $(FUZZ_SRCS_audio)
 
 $(BUILD)/fuzz/fuzz_%: t/fuzz/fuzz_%.c $(wildcard engine/*/*.h kernels/*.h)
 	@mkdir -p $(@D)
 	clang -std=c11 -O1 -g -D_GNU_SOURCE $(ALL_INCS) \
 	    -fsanitize=fuzzer,address,undefined -o $@ $< $(FUZZ_SRCS_$*) \
-	    -lpcre2-8 -lyajl -lm
+	    $(FUZZ_LIBS_$*) -lpcre2-8 -lyajl -lm
 
 bench: all $(BUILD)/bench/bench_kernels $(BUILD)/bench/loadgen \
        $(BUILD)/ngx_omni_module.so

@@ -135,14 +135,22 @@ static void flac_error(const FLAC__StreamDecoder *fd,
     }
 }
 
-/* err after a libFLAC call failed or reported an error. */
+/* err after a libFLAC call failed or reported an error; d->oom is set
+ * only by our own allocations (flac_write's block). */
 static int flac_fail(AudioDecoder *d, Err *err) {
     Flac                    *f = d->codec;
     FLAC__StreamDecoderState st = FLAC__stream_decoder_get_state(f->dec);
 
-    if (d->oom || st == FLAC__STREAM_DECODER_MEMORY_ALLOCATION_ERROR) {
-        d->oom = true;
+    if (d->oom) {
         return err_set(err, "out of memory");
+    }
+    /* libFLAC sets this state for short metadata blocks too (an
+     * APPLICATION block under 4 bytes): that is the file's fault as
+     * often as memory's, and answering 503 to a crafted file would be
+     * worse than 400 to a real shortage */
+    if (st == FLAC__STREAM_DECODER_MEMORY_ALLOCATION_ERROR) {
+        return err_set(err, "corrupt metadata or out of memory at byte %zu",
+                       f->at);
     }
     if (f->error != NULL) {
         return err_set(err, "%s at byte %llu", f->error,
