@@ -183,6 +183,10 @@ static int flac_open(AudioDecoder *d, Err *err) {
     }
     if (!FLAC__stream_decoder_process_until_end_of_metadata(f->dec)
         || f->error != NULL) {
+        if (f->error == NULL && !d->oom && FLAC__stream_decoder_get_state(
+                f->dec) == FLAC__STREAM_DECODER_END_OF_STREAM) {
+            return err_set(err, "truncated header");
+        }
         return flac_fail(d, err);
     }
     if (!f->have_info) {

@@ -75,9 +75,13 @@ static int opus_open(AudioDecoder *d, Err *err) {
     d->codec = o;
     o->of = op_open_callbacks(d, &cb, NULL, 0, &rc);
     if (o->of == NULL) {
-        return err_set(err, o->at >= d->len && rc == OP_ENOTFORMAT
-                            ? "truncated header or not Ogg Opus: %s"
-                            : "%s", opus_why(rc));
+        /* an Ogg file that ends before its headers do reads as "no Opus
+         * stream in it" to opusfile */
+        if (o->at >= d->len && d->len >= 4 && memcmp(d->data, "OggS", 4) == 0
+            && (rc == OP_ENOTFORMAT || rc == OP_EBADHEADER)) {
+            return err_set(err, "truncated header");
+        }
+        return err_set(err, "%s", opus_why(rc));
     }
     d->rate = OPUS_RATE;
     d->channels = op_channel_count(o->of, -1);

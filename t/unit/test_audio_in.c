@@ -752,6 +752,13 @@ static void test_truncated(void **state) {
     check_truncations(&flac, "flac", AUDIO_IN_AUTO);
     check_truncations(&opus, "opus", AUDIO_IN_AUTO);
 
+    /* cut inside the headers */
+    decode_fails(wav.p, 30, AUDIO_IN_AUTO, "wav: truncated header");
+    decode_fails(flac.p, 30, AUDIO_IN_AUTO, "flac: truncated header");
+    decode_fails(opus.p, 30, AUDIO_IN_AUTO, "opus: truncated header");
+    decode_fails(opus.p, 100, AUDIO_IN_AUTO, "opus: truncated header");
+    decode_fails(mp3.p, 30, AUDIO_IN_AUTO, "mp3: no MPEG audio frame");
+
     /* half a WAV is half its samples (soxr's +-1) */
     d = decode_cap(wav.p, wav.n / 2, AUDIO_IN_AUTO, 4096, OUT_RATE);
     assert_true(d.ok);
