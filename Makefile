@@ -84,7 +84,8 @@ CFLAGS        += -DOMNI_HAVE_SPEECH -isystem /usr/include/opus \
 LDLIBS        += -lflite_cmu_us_rms -lflite_cmu_us_slt -lflite_cmu_us_awb \
                  -lflite_cmu_us_kal16 -lflite_usenglish -lflite_cmulex \
                  -lflite -lsoxr -lmp3lame -lopusenc -lopus -lFLAC \
-                 -lavcodec -lavutil -lpocketsphinx -lsphinxbase -lmpg123 -lopusfile
+                 -lavcodec -lavutil -lmpg123 -lopusfile -lpocketsphinx \
+                 -lsphinxbase
 endif
 
 # The engine's folders, in the order of its layers (README, "Layout"). Each
@@ -240,8 +241,8 @@ $(BUILD)/tools/audio_probe: t/tools/audio_probe.c t/tools/audio_decode.c \
 	$(CC) $(CFLAGS) -o $@ t/tools/audio_probe.c t/tools/audio_decode.c \
 	    $(DECODE_LIBS)
 
-DECODE_TESTS := $(foreach t,test_audio test_voicebox,$(BUILD)/t/$(t) \
-                                                  $(BUILD)/asan/t/$(t))
+DECODE_TESTS := $(foreach t,test_audio test_audio_in test_voicebox, \
+                    $(BUILD)/t/$(t) $(BUILD)/asan/t/$(t))
 $(DECODE_TESTS): t/tools/audio_decode.c t/tools/audio_decode.h
 $(DECODE_TESTS): LDLIBS += t/tools/audio_decode.c $(DECODE_LIBS)
 
@@ -272,7 +273,8 @@ $(BUILD)/tsan/t/test_listener: t/unit/test_listener.c $(LISTENER_TSAN_SRCS)
 	$(CC) $(CFLAGS) $(ALL_INCS) -O1 -fsanitize=thread -o $@ $^ -lcmocka \
 	    $(LDLIBS)
 
-$(BUILD)/bench/bench_audio $(BUILD)/bench/bench_voicebox: \
+$(BUILD)/bench/bench_audio $(BUILD)/bench/bench_audio_in \
+$(BUILD)/bench/bench_voicebox: \
         $(BUILD)/bench/%: bench/%.c $(BUILD)/libomni.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(ALL_INCS) -MMD -MP -o $@ $< $(BUILD)/libomni.a \
@@ -313,8 +315,9 @@ $(BUILD)/bench/flite_say: bench/flite_say.c
 # missing, so it is quick on a machine that has them.
 BUILD_PKGS := gcc make libpcre2-dev libyajl-dev nginx nginx-dev \
               flite1-dev libsoxr-dev libmp3lame-dev libopusenc-dev \
-              libopus-dev libflac-dev libavcodec-dev libpocketsphinx-dev \
-              libsphinxbase-dev pocketsphinx-en-us
+              libopus-dev libflac-dev libavcodec-dev libmpg123-dev \
+              libopusfile-dev libpocketsphinx-dev libsphinxbase-dev \
+              pocketsphinx-en-us
 # Independent decoders for the audio the engine writes (t/tools/).
 TEST_PKGS  := libsndfile1-dev libmpg123-dev libopusfile-dev libfaad-dev \
               libcmocka-dev clang libclang-rt-14-dev perl git ca-certificates curl \
@@ -410,24 +413,31 @@ run:
 
 # Each fuzz target links only the sources it exercises (no kernels, no
 # threads), so it builds with clang alone and stays fast per input.
-FUZZ_TARGETS    := gguf proto
+FUZZ_TARGETS    := gguf proto audio
 FUZZ_SRCS_gguf  := engine/llm/gguf.c engine/llm/tokenizer.c \
                    engine/llm/tokenizer_encode.c engine/llm/tokenizer_pre.c \
                    engine/llm/detok.c engine/base/log.c \
                    kernels/dtype.c
 FUZZ_SRCS_proto := engine/base/frame.c $(wildcard engine/request/*.c) \
                    engine/llm/sampler.c engine/llm/stop.c engine/base/log.c
+# The audio-input decoders: our code is instrumented, the codec libraries
+# (Debian's builds, fuzzed upstream by OSS-Fuzz) are called as they are.
+FUZZ_SRCS_audio := engine/audio/decode.c $(wildcard engine/audio/dec_*.c) \
+                   engine/audio/resample.c engine/base/log.c
+FUZZ_LIBS_audio := -isystem /usr/include/opus -pthread -lmpg123 -lopusfile \
+                   -lFLAC -lsoxr
 
 fuzz: $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz_%)
 
 $(BUILD)/fuzz/fuzz_gguf: $(FUZZ_SRCS_gguf)
 $(BUILD)/fuzz/fuzz_proto: $(FUZZ_SRCS_proto)
+$(BUILD)/fuzz/fuzz_audio: $(FUZZ_SRCS_audio)
 
 $(BUILD)/fuzz/fuzz_%: t/fuzz/fuzz_%.c $(wildcard engine/*/*.h kernels/*.h)
 	@mkdir -p $(@D)
 	clang -std=c11 -O1 -g -D_GNU_SOURCE $(ALL_INCS) \
 	    -fsanitize=fuzzer,address,undefined -o $@ $< $(FUZZ_SRCS_$*) \
-	    -lpcre2-8 -lyajl -lm
+	    $(FUZZ_LIBS_$*) -lpcre2-8 -lyajl -lm
 
 bench: all $(BUILD)/bench/bench_kernels $(BUILD)/bench/loadgen \
        $(BUILD)/ngx_omni_module.so

@@ -1,9 +1,9 @@
 /* decoder.h -- audio files in, mono s16 samples at one rate out: what the
- * listener hears. WAV (PCM 8/16/24/32-bit, IEEE float 32/64,
- * WAVE_FORMAT_EXTENSIBLE, 1..8 channels, and the streaming headers whose
- * sizes are 0 or 0xFFFFFFFF: the data runs to the end), MP3 (libmpg123),
- * FLAC (libFLAC), Ogg Opus (libopusfile); channels are averaged to mono
- * and the rate converted with libsoxr (resample.h).
+ * listener hears. WAV (PCM 8/16/24/32-bit, IEEE float 32/64, G.711 A-law
+ * and mu-law, WAVE_FORMAT_EXTENSIBLE, RF64, 1..8 channels, and the
+ * streaming headers whose sizes are 0 or 0xFFFFFFFF: the data runs to the
+ * end), MP3 (libmpg123), FLAC (libFLAC), Ogg Opus (libopusfile); channels
+ * are averaged to mono and the rate converted with libsoxr (resample.h).
  *
  * The file is whole in memory (the listener has it all before it
  * decodes: clients send files, not streams) and is decoded in pieces, so
@@ -31,8 +31,11 @@
 /* What the first bytes of data say it is: one of the formats above, or
  * AUDIO_IN_AUTO when they say nothing we decode. *other is then the name
  * of a container that was recognised but is not supported ("webm",
- * "mp4", "ogg vorbis", "aiff", ...) or NULL when nothing was. Needs no
- * more than the first 64 bytes; can't fail. */
+ * "mp4", "ogg vorbis", "aiff", ...) or NULL when nothing was (other may
+ * be NULL). Needs no more than the first 64 bytes, except that behind an
+ * ID3v2 tag it looks at the first bytes after the tag when len holds
+ * them (FLAC and ADTS AAC can be tagged too; past len it says mp3).
+ * Can't fail. */
 AudioInFormat audio_sniff(const uint8_t *data, size_t len,
                           const char **other);
 
@@ -56,15 +59,20 @@ AudioDecoder *audio_decoder_open(const uint8_t *data, size_t len,
                                  AudioInFormat hint, int out_rate,
                                  Err *err, bool *oom);
 
-/* The format decoded, and the file's own rate and channels. */
+/* The format decoded, and the file's own rate and channels (Opus: 48000,
+ * the rate it is decoded at; channels: the first link's or frame's). */
 AudioInFormat audio_decoder_format(const AudioDecoder *d);
 int           audio_decoder_rate(const AudioDecoder *d);
 int           audio_decoder_channels(const AudioDecoder *d);
 
-/* Writes up to cap mono samples at out_rate to out. Returns how many
- * (> 0), 0 at the end of the audio, or -1 with err set (*oom as above): a
- * corrupt or truncated stream. Each call decodes a bounded piece (at most
- * about cap samples' worth), so it returns in bounded time. */
+/* Writes up to cap (> 0) mono samples at out_rate to out. Returns how
+ * many (> 0), 0 at the end of the audio (at once for a file with valid
+ * headers and no samples: the caller's "no audio"), or -1 with err set
+ * (*oom as above): a corrupt stream (a file cut short gives what it holds
+ * instead; audio/README.md has each format's rule). After -1 only free is
+ * allowed. Each call decodes about cap samples' worth plus at most one
+ * piece of 4096 frames, so it returns in bounded time; memory is fixed at
+ * open, whatever cap is. */
 ssize_t       audio_decoder_read(AudioDecoder *d, int16_t *out, size_t cap,
                                  Err *err, bool *oom);
 

@@ -1,7 +1,8 @@
 # Short libFuzzer passes (t/fuzz/run; the long runs behind the README use
 # the same script): the GGUF reader and the tokenizer built from its
-# metadata, then the engine's frame reader and request JSON parser. Any
-# crash, sanitizer report or broken contract fails this test.
+# metadata, the engine's frame reader and request JSON parser, then the
+# audio-input decoders. Any crash, sanitizer report or broken contract
+# fails this test.
 use strict;
 use warnings;
 use Test::More;
@@ -9,9 +10,10 @@ use Test::More;
 my %secs = (
     gguf  => $ENV{OMNI_FUZZ_SECONDS} // 30,
     proto => $ENV{OMNI_FUZZ_PROTO_SECONDS} // 20,
+    audio => $ENV{OMNI_FUZZ_AUDIO_SECONDS} // 20,
 );
 
-for my $target (qw(gguf proto)) {
+for my $target (qw(gguf proto audio)) {
     my $s = $secs{$target};
     my $log = `t/fuzz/run $target $s 2>&1`;
     my $rc = $? >> 8;
