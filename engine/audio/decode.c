@@ -128,8 +128,10 @@ static size_t id3_end(const uint8_t *p, size_t len) {
 }
 
 /* OggS: the codec is named by the first page's first packet, which
- * starts after the 27-byte page header and its segment table. Too short
- * to tell is handed to opusfile, the one Ogg decoder, to say why. */
+ * starts after the 27-byte page header and its segment table (one
+ * segment in both Opus's and Vorbis's first page). What cannot be told
+ * within the first 64 bytes is handed to opusfile, the one Ogg decoder,
+ * to say why. */
 static AudioInFormat sniff_ogg(const uint8_t *p, size_t len,
                                const char **other) {
     size_t body;
@@ -138,7 +140,7 @@ static AudioInFormat sniff_ogg(const uint8_t *p, size_t len,
         return AUDIO_IN_OPUS;
     }
     body = 27 + (size_t) p[26];
-    if (has_str(p, len, body, "OpusHead")) {
+    if (has_str(p, len, body, "OpusHead") || body + 8 > SNIFF_MAX) {
         return AUDIO_IN_OPUS;
     }
     for (size_t i = 0; i < sizeof(OGG_CODECS) / sizeof(OGG_CODECS[0]); i++) {
@@ -147,7 +149,7 @@ static AudioInFormat sniff_ogg(const uint8_t *p, size_t len,
             return AUDIO_IN_AUTO;
         }
     }
-    if (body > len || len - body < 8) {
+    if (body + 8 > len || body + 8 > SNIFF_MAX) {
         return AUDIO_IN_OPUS;
     }
     *other = "ogg (not opus)";
