@@ -228,21 +228,6 @@ const char *audio_in_format_name(AudioInFormat f) {
     return (unsigned) f < N_FORMATS ? FORMATS[f].name : "unknown";
 }
 
-int audio_in_format_parse(const char *s, AudioInFormat *f) {
-    if (strcmp(s, "ogg") == 0) {
-        *f = AUDIO_IN_OPUS;
-        return 0;
-    }
-    for (size_t i = 0; i < N_FORMATS; i++) {
-        if (strcmp(s, FORMATS[i].name) == 0) {
-            *f = (AudioInFormat) i;
-            return 0;
-        }
-    }
-    return -1;
-}
-
-
 /* ---- mixing: a Piece to mono s16 ---- */
 
 static const size_t SAMPLE_BYTES[] = {

@@ -42,9 +42,7 @@ AudioInFormat audio_sniff(const uint8_t *data, size_t len,
 /* "wav", "mp3", "flac", "opus", "auto". */
 const char   *audio_in_format_name(AudioInFormat f);
 
-/* Parses a format name ("wav", "mp3", "flac", "opus" or "ogg", "auto").
- * Returns 0, or -1 when it names none of them. */
-int           audio_in_format_parse(const char *s, AudioInFormat *f);
+/* (Format names are parsed with request.h's request_audio_format.) */
 
 typedef struct AudioDecoder AudioDecoder;
 

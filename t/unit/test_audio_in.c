@@ -1062,13 +1062,13 @@ static void test_sniff(void **state) {
     assert_string_equal(audio_in_format_name(AUDIO_IN_WAV), "wav");
     assert_string_equal(audio_in_format_name(AUDIO_IN_OPUS), "opus");
     assert_string_equal(audio_in_format_name(AUDIO_IN_AUTO), "auto");
-    assert_int_equal(audio_in_format_parse("ogg", &f), 0);
+    assert_int_equal(request_audio_format("ogg", &f), 0);
     assert_int_equal(f, AUDIO_IN_OPUS);
-    assert_int_equal(audio_in_format_parse("flac", &f), 0);
+    assert_int_equal(request_audio_format("flac", &f), 0);
     assert_int_equal(f, AUDIO_IN_FLAC);
-    assert_int_equal(audio_in_format_parse("auto", &f), 0);
+    assert_int_equal(request_audio_format("auto", &f), 0);
     assert_int_equal(f, AUDIO_IN_AUTO);
-    assert_int_equal(audio_in_format_parse("webm", &f), -1);
+    assert_int_equal(request_audio_format("webm", &f), -1);
 }
 
 
