@@ -280,8 +280,8 @@ $(BUILD)/bench/bench_voicebox: \
 	$(CC) $(CFLAGS) $(ALL_INCS) -MMD -MP -o $@ $< $(BUILD)/libomni.a \
 	    $(LDLIBS)
 else
-SPEECH_TESTS := test_audio test_tts test_tts_synth test_talker test_listener \
-                test_voicebox test_voicebox_stage
+SPEECH_TESTS := test_audio test_audio_in test_tts test_tts_synth test_talker \
+                test_listener test_voicebox test_voicebox_stage
 UNIT_BINS := $(filter-out $(SPEECH_TESTS:%=$(BUILD)/t/%),$(UNIT_BINS))
 endif
 
