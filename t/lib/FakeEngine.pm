@@ -91,11 +91,15 @@ sub error_frame {
                                     $type, $param, $code, $msg));
 }
 
+# DONE (protocol v4, OMNI_DONE_LEN 40 bytes): prompt_tokens 3 (or
+# $prompt), cached 0, completion, finish, seed 0, audio_tokens, audio_ms,
+# input_audio_ms, a zero word.
 sub done_frame {
-    my ($completion, $finish, $audio_tokens, $audio_ms) = @_;
-    return frame(18, pack('V V V C x3 Q< V V', 3, 0, $completion,
-                          $finish // 0, 0, $audio_tokens // 0,
-                          $audio_ms // 0));
+    my ($completion, $finish, $audio_tokens, $audio_ms, $input_ms,
+        $prompt) = @_;
+    return frame(18, pack('V V V C x3 Q< V V V V', $prompt // 3, 0,
+                          $completion, $finish // 0, 0, $audio_tokens // 0,
+                          $audio_ms // 0, $input_ms // 0, 0));
 }
 
 sub audio_frames {
