@@ -7,7 +7,9 @@
 /*
  * ngx_http_omni_body.c -- the request body of an endpoint that has one:
  * read whole into memory, never more than NGX_HTTP_OMNI_MAX_BODY, given
- * to the endpoint's parser, then the request goes to the engine. Apart
+ * to the endpoint's parser (or, for an endpoint that parses its body as
+ * it arrives, the transcription's multipart, just its end), then the
+ * request goes to the engine. Apart
  * from the handler (ngx_http_omni_module.c), which decides whether a
  * request goes on at all, because this runs later, when nginx has read
  * the body.
@@ -38,7 +40,16 @@ ngx_http_omni_body_handler(ngx_http_request_t *r)
 
     ngx_memzero(&err, sizeof(ngx_http_omni_error_t));
 
-    rc = ngx_http_omni_read_body(r, &body, &err);
+    if (ctx->endpoint->start) {
+
+        /* parsed as it arrived (the endpoint's request body filter) */
+
+        ngx_str_null(&body);
+        rc = NGX_OK;
+
+    } else {
+        rc = ngx_http_omni_read_body(r, &body, &err);
+    }
 
     if (rc == NGX_OK) {
         rc = ctx->endpoint->parse(r, ctx->endpoint, &body, &ctx->req, &err);
