@@ -299,10 +299,12 @@ ngx_http_omni_handler(ngx_http_request_t *r)
 
     if (ctx->endpoint->parse) {
 
-        /* a body parsed as it arrives stays where nginx puts it; one
-         * parsed whole is wanted in one buffer */
+        /* a body parsed whole is wanted in one buffer; one parsed as it
+         * arrives stays where nginx puts it */
 
-        r->request_body_in_single_buf = (ctx->endpoint->start == NULL);
+        if (ctx->endpoint->start == NULL) {
+            r->request_body_in_single_buf = 1;
+        }
 
         rc = ngx_http_read_client_request_body(r,
                                                ngx_http_omni_body_handler);

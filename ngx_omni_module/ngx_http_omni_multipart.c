@@ -119,7 +119,10 @@ ngx_http_omni_mp_boundary(ngx_str_t *content_type, ngx_str_t *boundary)
 
         if (p < last && *p == '"') {
             for (p++; p < last && *p != '"'; p++) { /* void */ }
-            p++;
+
+            if (p < last) {
+                p++;
+            }
         }
 
         while (p < last && *p != ';') {
@@ -702,7 +705,7 @@ static u_char *
 ngx_http_omni_mp_value(u_char *p, u_char *last, ngx_str_t *value,
     u_char *buf)
 {
-    u_char  *d, *end;
+    u_char  *d;
 
     while (p < last && (*p == ' ' || *p == '\t')) {
         p++;
@@ -742,12 +745,10 @@ ngx_http_omni_mp_value(u_char *p, u_char *last, ngx_str_t *value,
     value->data = buf;
     value->len = d - buf;
 
-    /* a token ends with the value; a quoted string may be followed by
-     * spaces only, up to the next ";" (the caller checks) */
+    /* a quoted string may be followed by spaces only, up to the next ";"
+     * (the caller checks) */
 
-    end = p;
-
-    return end;
+    return p;
 }
 
 
@@ -757,8 +758,8 @@ ngx_http_omni_mp_value(u_char *p, u_char *last, ngx_str_t *value,
 static ngx_int_t
 ngx_http_omni_mp_ext_value(ngx_str_t *value)
 {
-    u_char  *p, *last, *d, c, h;
-    ngx_int_t  i;
+    u_char      *p, *last, *d, c, h;
+    ngx_uint_t   i;
 
     p = value->data;
     last = p + value->len;

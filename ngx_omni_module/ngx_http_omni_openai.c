@@ -431,9 +431,9 @@ ngx_http_omni_usage(u_char *p, ngx_http_omni_ctx_t *ctx)
 u_char *
 ngx_http_omni_double(u_char *p, double v, ngx_uint_t frac)
 {
-    u_char    *d;
-    uint64_t   n, scale;
-    ngx_uint_t  i;
+    u_char      *d;
+    uint64_t     n, scale;
+    ngx_uint_t   i;
 
     if (!(v > -1e15 && v < 1e15)) {
         v = 0;

@@ -49,7 +49,11 @@ sub audio {
         $a .= join('', map { chr(int rand 256) } 1 .. 50 + int rand 400);
         $a .= $tricks[int rand @tricks];
     }
-    return substr($a, 0, $n - 1) . "\r";
+    $a = substr($a, 0, $n - 1) . "\r";
+
+    # the delimiter itself may not be in the data (RFC 2046 5.1.1)
+    $a =~ s/\r\n--(?=\Q$B\E)/\r\n-_/g;
+    return $a;
 }
 
 our $AUDIO = audio(3000);
