@@ -666,7 +666,49 @@ is($json->{error}{message}, 'mp3: corrupt frame at byte 70311', "$name: message"
 
 
 
-=== TEST 28: an engine ERROR after the stream began: the deltas, an error event, a clean end
+=== TEST 28: the engine stops reading half-way and answers a moment later: the write that fails is not the request's failure (logged at info), the engine's 400 is the answer
+--- raw_request eval
+::stt(prompt => 'err-shut', file => $::BIG)
+--- error_code: 400
+--- check
+error_is($json, 'invalid_request_error', 'file', 'invalid_value', $name);
+is($json->{error}{message}, 'mp3: corrupt frame at byte 70311', "$name: the engine's words");
+--- error_log eval
+[qr/\[info\] .*(?:writev|sendfile)\(\) failed \(32: Broken pipe\)/,
+ qr/\[info\] .*omni engine stopped reading the request after \d+ of its \d+ bytes/]
+--- no_error_log
+[error]
+[alert]
+
+
+
+=== TEST 29: the engine refusing the audio half-way, again and again: each a 400 with its words, whichever side sees the close first (the write that fails, or the ERROR read)
+--- raw_request eval
+::stt(prompt => 'err-mid', file => $::BIG)
+--- error_code: 400
+--- check
+my $port = Test::Nginx::Util::server_port();
+my $ok = 0;
+for (1 .. 15) {
+    my $c = raw_connect($port);
+    raw_send($c, [::stt(prompt => 'err-mid', file => $::BIG)]);
+    my @r = http_responses(raw_read($c, timeout => 10));
+    close $c;
+    $ok++ if ($r[0]{status} // 0) == 400
+             && $r[0]{body} =~ /"message":"mp3: corrupt frame at byte 70311"/;
+}
+is($ok, 15, "$name: 15 of 15 got the engine's 400");
+open(my $log, '<', "$ENV{TEST_NGINX_SERVROOT}/logs/error.log");
+my $writes = grep { /omni engine stopped reading the request/ } <$log>;
+Test::More::note("$writes of 16 saw the engine close as a failed write");
+--- no_error_log
+[error]
+[alert]
+[crit]
+
+
+
+=== TEST 30: an engine ERROR after the stream began: the deltas, an error event, a clean end
 --- raw_request eval
 ::stt(prompt => 'err-late', stream => 'true')
 --- error_code: 200
@@ -680,7 +722,7 @@ is($json->{error}{message}, 'mp3: corrupt frame at byte 70311', "$name: message"
 
 
 
-=== TEST 29: the same not streaming: the engine's 503 with Retry-After
+=== TEST 31: the same not streaming: the engine's 503 with Retry-After
 --- raw_request eval
 ::stt(prompt => 'err-late')
 --- error_code: 503
@@ -691,7 +733,7 @@ error_is($json, 'server_error', undef, 'stage_failed', $name);
 
 
 
-=== TEST 30: an engine that closes after a segment, not streaming: 503 engine gone
+=== TEST 32: an engine that closes after a segment, not streaming: 503 engine gone
 --- raw_request eval
 ::stt(prompt => 'close')
 --- error_code: 503
@@ -702,7 +744,7 @@ upstream prematurely closed connection
 
 
 
-=== TEST 31: an engine that closes after a segment, streaming: the delta, an error event
+=== TEST 33: an engine that closes after a segment, streaming: the delta, an error event
 --- raw_request eval
 ::stt(prompt => 'close', stream => 'true')
 --- error_code: 200
@@ -714,7 +756,7 @@ omni engine closed the stream before DONE
 
 
 
-=== TEST 32: a TRANSCRIPT that is not JSON: 502, logged
+=== TEST 34: a TRANSCRIPT that is not JSON: 502, logged
 --- raw_request eval
 ::stt(prompt => 'bad-json')
 --- error_code: 502
@@ -726,7 +768,7 @@ omni engine sent invalid TRANSCRIPT
 
 
 
-=== TEST 33: a TEXT frame (no such event for a transcription): 502, logged; streaming, an error event
+=== TEST 35: a TEXT frame (no such event for a transcription): 502, logged; streaming, an error event
 --- raw_request eval
 [::stt(prompt => 'bad-frame'), ::stt(prompt => 'bad-frame', stream => 'true')]
 --- error_code eval
@@ -742,7 +784,7 @@ omni engine sent unexpected frame type 16
 
 
 
-=== TEST 34: escapes: quotes, a backslash, a tab and UTF-8 in the text, in JSON and as they are in text
+=== TEST 36: escapes: quotes, a backslash, a tab and UTF-8 in the text, in JSON and as they are in text
 --- raw_request eval
 [::stt(prompt => 'escapes'), ::stt(prompt => 'escapes', response_format => 'text'),
  ::stt(prompt => 'escapes', stream => 'true')]
@@ -761,7 +803,7 @@ if ($i == 0) {
 
 
 
-=== TEST 35: no speech: an empty text in every format, usage rounded up (1.5 s is 2)
+=== TEST 37: no speech: an empty text in every format, usage rounded up (1.5 s is 2)
 --- raw_request eval
 [map { ::stt(prompt => 'empty', response_format => $_) } qw(json text srt vtt verbose_json)]
 --- error_code eval
@@ -772,7 +814,7 @@ if ($i == 0) {
 
 
 
-=== TEST 36: 120 segments not streaming: all of them, numbered, in order
+=== TEST 38: 120 segments not streaming: all of them, numbered, in order
 --- raw_request eval
 ::stt(prompt => 'many', response_format => 'verbose_json', 'timestamp_granularities[]' => ['segment', 'word'])
 --- error_code: 200
@@ -786,7 +828,7 @@ is($json->{text}, join(' ', map { "segment $_" } 0 .. 119), "$name: text");
 
 
 
-=== TEST 37: no file part: 400 file missing_required_parameter, nothing sent to the engine
+=== TEST 39: no file part: 400 file missing_required_parameter, nothing sent to the engine
 --- raw_request eval
 ::post(::mp($::B, ['model', 'whisper-1']))
 --- error_code: 400
@@ -798,7 +840,7 @@ ok(!fake_engine_record($::SOCK), "$name: the engine got nothing");
 
 
 
-=== TEST 38: no model, or an empty one: 400 model missing_required_parameter
+=== TEST 40: no model, or an empty one: 400 model missing_required_parameter
 --- raw_request eval
 [::stt(model => ''), ::post(::mp($::B, ['model', ''], ['file', $::AUDIO, filename => 'a.wav']))]
 --- error_code eval
@@ -808,7 +850,7 @@ error_is($json, 'invalid_request_error', 'model', 'missing_required_parameter', 
 
 
 
-=== TEST 39: language: xx is not ISO-639-1 (OpenAI's invalid_language_format), fr is but not served, english is neither
+=== TEST 41: language: xx is not ISO-639-1 (OpenAI's invalid_language_format), fr is but not served, english is neither
 --- raw_request eval
 [::stt(language => 'xx'), ::stt(language => 'fr'), ::stt(language => 'english'), ::stt(language => '')]
 --- error_code eval
@@ -820,7 +862,7 @@ like($json->{error}{message}, qr/^Invalid language 'xx'\. Language parameter mus
 
 
 
-=== TEST 40: response_format other than the five: 400 response_format
+=== TEST 42: response_format other than the five: 400 response_format
 --- raw_request eval
 [map { ::stt(response_format => $_) } 'diarized_json', 'JSON', 'xml', '']
 --- error_code eval
@@ -830,7 +872,7 @@ error_is($json, 'invalid_request_error', 'response_format', 'invalid_value', $na
 
 
 
-=== TEST 41: timestamp_granularities[] without verbose_json, or with an unknown value: 400
+=== TEST 43: timestamp_granularities[] without verbose_json, or with an unknown value: 400
 --- raw_request eval
 [::stt('timestamp_granularities[]' => 'word'),
  ::stt(response_format => 'srt', timestamp_granularities => 'segment'),
@@ -843,7 +885,7 @@ like($json->{error}{message}, qr/^`response_format` must be `verbose_json` if `t
 
 
 
-=== TEST 42: temperature outside 0..1 or not a number; stream not a boolean: 400 naming them
+=== TEST 44: temperature outside 0..1 or not a number; stream not a boolean: 400 naming them
 --- raw_request eval
 [::stt(temperature => '1.5'), ::stt(temperature => 'hot'), ::stt(temperature => '-0.1'),
  ::stt(temperature => 'nan'), ::stt(stream => 'maybe'), ::stt(temperature => '0'), ::stt(temperature => '1')]
@@ -855,7 +897,7 @@ elsif ($i == 4) { error_is($json, 'invalid_request_error', 'stream', 'invalid_ty
 
 
 
-=== TEST 43: a prompt or a model that is not UTF-8, or holds a NUL: 400 naming it
+=== TEST 45: a prompt or a model that is not UTF-8, or holds a NUL: 400 naming it
 --- raw_request eval
 [::stt(prompt => "bad \xff byte"), ::stt(model => "m\xc0\xafx"), ::stt(prompt => "nul \0 here")]
 --- error_code eval
@@ -865,7 +907,7 @@ error_is($json, 'invalid_request_error', ($i == 1 ? 'model' : 'prompt'), undef, 
 
 
 
-=== TEST 44: an empty file, two file parts: 400 file
+=== TEST 46: an empty file, two file parts: 400 file
 --- raw_request eval
 [::stt(file => ''),
  ::post(::mp($::B, ['model', 'whisper-1'], ['file', 'a', filename => 'a.wav'], ['file', 'b', filename => 'b.wav']))]
@@ -876,7 +918,7 @@ error_is($json, 'invalid_request_error', 'file', ($i == 0 ? 'invalid_value' : un
 
 
 
-=== TEST 45: not multipart: no Content-Type, JSON, multipart/mixed; no boundary, an empty one, one too long: 400 before the body is read
+=== TEST 47: not multipart: no Content-Type, JSON, multipart/mixed; no boundary, an empty one, one too long: 400 before the body is read
 --- raw_request eval
 my $b = ::mp($::B, ['model', 'whisper-1'], ['file', 'x', filename => 'a.wav']);
 [::post($b, no_type => 1), ::post('{"model":"whisper-1"}', type => 'application/json'),
@@ -894,7 +936,7 @@ if ($i < 6) {
 
 
 
-=== TEST 46: malformed bodies: no final boundary, cut in a part's headers, a part without a name, without Content-Disposition, a bare LF, garbage after a boundary, no boundary at all
+=== TEST 48: malformed bodies: no final boundary, cut in a part's headers, a part without a name, without Content-Disposition, a bare LF, garbage after a boundary, no boundary at all
 --- raw_request eval
 my $ok = ::mp($::B, ['model', 'whisper-1'], ['file', $::AUDIO, filename => 'a.wav']);
 (my $nofinal = $ok) =~ s/--\Q$::B\E--\r\n\z//;
@@ -917,7 +959,7 @@ like($json->{error}{message}, qr/^Invalid multipart\/form-data body: .*\Q$why[$i
 
 
 
-=== TEST 47: a body over client_max_body_size: 413 JSON, by Content-Length and chunked
+=== TEST 49: a body over client_max_body_size: 413 JSON, by Content-Length and chunked
 --- config
     location /v1/ {
         client_max_body_size 100k;
@@ -937,7 +979,30 @@ client intended to send too large
 
 
 
-=== TEST 48: a value kept over 64 KiB: 400 naming the part; too many kept parts: 400
+=== TEST 50: client_max_body_size 0: a Content-Length past the module's own bound (the engine's 128 MiB of audio and room for fields) is a 413 before a byte is read
+--- config
+    location /v1/ {
+        client_max_body_size 0;
+        omni_pass unix:$TEST_NGINX_OMNI_SOCKET;
+    }
+--- raw_request eval
+::stt(response_format => 'text')
+--- error_code: 200
+--- check
+my $raw = raw_exchange(Test::Nginx::Util::server_port(), [http_request(
+    method => 'POST', target => '/v1/audio/transcriptions',
+    headers => ["Content-Type: multipart/form-data; boundary=$::B",
+                'Content-Length: ' . (128 * 1024 * 1024 + 200000)])],
+    timeout => 10, until => sub { $_[0] =~ /\r\n\r\n.*\}/s });
+my @r = http_responses($raw);
+is($r[0]{status}, 413, "$name: 413 at once, nothing of the body sent");
+error_is(eval { decode_json($r[0]{body}) }, 'invalid_request_error', undef, undef, $name);
+--- error_log
+client sent too large omni request body
+
+
+
+=== TEST 51: a value kept over 64 KiB: 400 naming the part; too many kept parts: 400
 --- raw_request eval
 [::stt(prompt => 'p' x 70000), ::post(::mp($::B, (map { ['model', 'whisper-1'] } 1 .. 70), ['file', 'x', filename => 'a.wav']))]
 --- error_code eval
@@ -947,7 +1012,7 @@ error_is($json, 'invalid_request_error', ($i == 0 ? 'prompt' : undef), undef, $n
 
 
 
-=== TEST 49: a wrong method is a 405 with Allow; an API key is checked before the body is read
+=== TEST 52: a wrong method is a 405 with Allow; an API key is checked before the body is read
 --- config
     location /v1/ {
         omni_api_keys $TEST_NGINX_SERVROOT/html/keys.txt;
@@ -966,7 +1031,7 @@ ok($i != 2 || ($json->{error}{message} // '') =~ /Invalid method/, "$name: 405 I
 
 
 
-=== TEST 50: the client leaves mid-upload, and mid-stream: no worker crash; the next request is served
+=== TEST 53: the client leaves mid-upload, and mid-stream: no worker crash; the next request is served
 --- http_config
     client_body_buffer_size 1k;
 --- raw_request eval

@@ -46,6 +46,10 @@
 #               closes (nginx is still sending)
 #   err-mid     reads half the audio, ERROR 400 "file" (an mp3 corrupt
 #               frame), closes
+#   err-shut    reads a third of the audio, shuts its reading side down
+#               and reads what was queued (so nginx writes again, into a
+#               socket that takes no more: EPIPE), then 0.3 s later
+#               ERROR 400 "file", closes
 #   webm        reads it all, ERROR 400 "file", the webm message
 #   too-long    reads it all, ERROR 400 "file", over max_audio_seconds
 #   err-late    reads it all, one TRANSCRIPT, ERROR 503 stage_failed
@@ -403,6 +407,18 @@ sub listen_in {
     if ($what eq 'err-mid') {
         my ($audio, $sizes, $bad) = read_audio($c, int($want / 2), $want);
         record($path, $p, $audio, $sizes, $bad);
+        $out->(error_frame(400, 'invalid_request_error', $param,
+                           'invalid_value',
+                           'mp3: corrupt frame at byte 70311'));
+        return;
+    }
+    if ($what eq 'err-shut') {
+        my ($audio, $sizes, $bad) = read_audio($c, int($want / 3), $want);
+        record($path, $p, $audio, $sizes, $bad);
+        shutdown($c, 0);
+        my $buf;
+        1 while sysread($c, $buf, 65536);
+        sleep 0.3;
         $out->(error_frame(400, 'invalid_request_error', $param,
                            'invalid_value',
                            'mp3: corrupt frame at byte 70311'));
