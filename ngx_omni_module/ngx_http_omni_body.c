@@ -7,12 +7,11 @@
 /*
  * ngx_http_omni_body.c -- the request body of an endpoint that has one:
  * read whole into memory, never more than NGX_HTTP_OMNI_MAX_BODY, given
- * to the endpoint's parser (or, for an endpoint that parses its body as
- * it arrives, the transcription's multipart, just its end), then the
- * request goes to the engine. Apart
- * from the handler (ngx_http_omni_module.c), which decides whether a
- * request goes on at all, because this runs later, when nginx has read
- * the body.
+ * to the endpoint's parser (an endpoint that parses its body as it
+ * arrives, the transcription's multipart, is told its end), then the
+ * request goes to the engine. Apart from the handler
+ * (ngx_http_omni_module.c), which decides whether a request goes on at
+ * all, because this runs later, when nginx has read the body.
  */
 
 #include <ngx_config.h>

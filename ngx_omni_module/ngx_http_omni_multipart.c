@@ -30,10 +30,12 @@
  * bare tokens; filename* (RFC 5987, percent-encoded) wins over filename.
  * Other headers (Content-Type and the like) are read and ignored.
  *
- * Memory: a header line buffer, the names of the parts, and the values of
- * the parts the caller keeps (at most NGX_HTTP_OMNI_MP_KEPT bytes in at
- * most NGX_HTTP_OMNI_MP_FIELDS parts). Of the file part only its offsets
- * are kept; its bytes are wherever the caller's buffers put them.
+ * Memory: two buffers of NGX_HTTP_OMNI_MP_LINE (a header line; the
+ * current part's name and filename), the file part's filename, and the
+ * values of the parts the caller keeps (at most NGX_HTTP_OMNI_MP_KEPT
+ * bytes in at most NGX_HTTP_OMNI_MP_FIELDS parts), whatever the number
+ * of parts. Of the file part only its offsets are kept; its bytes are
+ * wherever the caller's buffers put them.
  */
 
 
@@ -196,10 +198,12 @@ ngx_http_omni_mp_create(ngx_pool_t *pool, ngx_str_t *boundary,
     p = ngx_cpymem(p, "\r\n--", sizeof("\r\n--") - 1);
     ngx_memcpy(p, boundary->data, boundary->len);
 
-    mp->line = ngx_pnalloc(pool, NGX_HTTP_OMNI_MP_LINE);
+    mp->line = ngx_pnalloc(pool, 2 * NGX_HTTP_OMNI_MP_LINE);
     if (mp->line == NULL) {
         return NULL;
     }
+
+    mp->names = mp->line + NGX_HTTP_OMNI_MP_LINE;
 
     if (ngx_array_init(&mp->fields, pool, 8, sizeof(ngx_http_omni_mp_field_t))
         != NGX_OK)
@@ -505,7 +509,15 @@ ngx_http_omni_mp_headers_end(ngx_http_omni_mp_t *mp, off_t at)
 
         mp->part = ngx_http_omni_mp_file;
         mp->file_start = at;
-        mp->file_filename = mp->filename;
+
+        /* the one filename kept: mp->names is the next part's */
+
+        mp->file_filename.len = mp->filename.len;
+        mp->file_filename.data = ngx_pstrdup(mp->pool, &mp->filename);
+
+        if (mp->filename.len && mp->file_filename.data == NULL) {
+            return NGX_ERROR;
+        }
 
         return NGX_OK;
     }
@@ -576,7 +588,9 @@ ngx_http_omni_mp_header(ngx_http_omni_mp_t *mp)
 
 /*
  * form-data; name="model"; filename="a.wav"; filename*=utf-8''a.wav
- * The name and the filename are copied (mp->line is reused).
+ * The name and the filename are copied into mp->names (mp->line is
+ * reused for the next header line), which the next part reuses: a body
+ * of many parts costs no more memory than one of a few.
  */
 
 static ngx_int_t
@@ -601,12 +615,9 @@ ngx_http_omni_mp_disposition(ngx_http_omni_mp_t *mp, u_char *p,
 
     p += sizeof(form_data) - 1;
 
-    /* a copy of what is kept: name and filename fit in the line's bytes */
+    /* the values, unquoted, fit in the line's bytes */
 
-    buf = ngx_pnalloc(mp->pool, last - p);
-    if (buf == NULL) {
-        return NGX_ERROR;
-    }
+    buf = mp->names;
 
     ngx_str_null(&name);
     ngx_str_null(&filename);

@@ -73,6 +73,8 @@ typedef struct {
     ngx_http_omni_mp_part_e     part;
     ngx_http_omni_mp_field_t   *field;      /* the kept part being read */
     u_char                     *line;       /* NGX_HTTP_OMNI_MP_LINE */
+    u_char                     *names;      /* the same: the part's name
+                                               and filename, unquoted */
     size_t                      line_len;
     ngx_uint_t                  lines;
     ngx_str_t                   name;       /* of the part being read */

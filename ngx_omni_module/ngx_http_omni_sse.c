@@ -35,10 +35,11 @@ static ngx_int_t ngx_http_omni_stream_done(ngx_http_request_t *r,
 /*
  * A stream starts with the first frame that is part of it, left in the
  * buffer for the input filter: TEXT or DONE; AUDIO when the answer is
- * spoken; TRANSCRIPT (not TEXT) for a transcription. Speech has no text out: a TEXT before its audio is read and
- * dropped (ngx_http_omni_header_frame()). NGX_OK: the header is set;
- * NGX_AGAIN: no whole frame header yet; NGX_DECLINED: the parser reads
- * this frame; NGX_ERROR.
+ * spoken; TRANSCRIPT (not TEXT) for a transcription. Speech has no text
+ * out: a TEXT before its audio is read and dropped
+ * (ngx_http_omni_header_frame()). NGX_OK: the header is set; NGX_AGAIN:
+ * no whole frame header yet; NGX_DECLINED: the parser reads this frame;
+ * NGX_ERROR.
  */
 
 ngx_int_t

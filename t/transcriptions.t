@@ -505,7 +505,20 @@ is_deeply($rec->{req}, ::engine_json(), "$name: none of them reaches the engine"
 
 
 
-=== TEST 18: the served model is named to the engine; language en (any case) and the prompt go in transcribe
+=== TEST 18: 20,000 parts nobody asked for around the file: parsed, not kept (a part's name and filename reuse one buffer)
+--- raw_request eval
+::post(::mp($::B, (map { ["x$_", 'v' x ($_ % 7)] } 1 .. 10000), ['model', 'whisper-1'],
+            ['file', $::AUDIO, filename => 'a.wav'], (map { ["y$_", ''] } 1 .. 10000)))
+--- error_code: 200
+--- check
+my $rec = ::audio_is($::AUDIO, $name);
+is_deeply($rec->{req}, ::engine_json(), "$name: the engine's JSON as for one part");
+--- no_error_log
+[error]
+
+
+
+=== TEST 19: the served model is named to the engine; language en (any case) and the prompt go in transcribe
 --- raw_request eval
 ::stt(model => 'stories260K', language => 'EN', prompt => "Pr\x{c3}\x{a9}cis, \"quoted\"")
 --- error_code: 200
@@ -519,7 +532,7 @@ is_deeply($rec->{req}, ::engine_json(more => { model => 'stories260K' },
 
 
 
-=== TEST 19: OpenAI's other transcription models name the served one too
+=== TEST 20: OpenAI's other transcription models name the served one too
 --- raw_request eval
 [map { ::stt(model => $_) } qw(gpt-4o-transcribe gpt-4o-mini-transcribe
                                 gpt-4o-mini-transcribe-2025-12-15)]
@@ -533,7 +546,7 @@ ok(!exists $rec->{req}{model}, "$name: request $i: no model for the engine");
 
 
 
-=== TEST 20: omni_max_audio_seconds goes to the engine, and its 400 names the limit
+=== TEST 21: omni_max_audio_seconds goes to the engine, and its 400 names the limit
 --- config
     location /v1/ {
         omni_max_audio_seconds 30;
@@ -552,7 +565,7 @@ like($json->{error}{message}, qr/max_audio_seconds \(30 s\)/, "$name: the limit 
 
 
 
-=== TEST 21: omni_max_audio_seconds takes 1 to 86400
+=== TEST 22: omni_max_audio_seconds takes 1 to 86400
 --- config
     location /v1/ {
         omni_max_audio_seconds 0;
@@ -566,7 +579,7 @@ must be between 1 and 86400
 
 
 
-=== TEST 22: stream=true: one delta per TRANSCRIPT (a space before every one but the first), done with their concatenation, [DONE]
+=== TEST 23: stream=true: one delta per TRANSCRIPT (a space before every one but the first), done with their concatenation, [DONE]
 --- raw_request eval
 ::stt(stream => 'true', response_format => 'verbose_json')
 --- error_code: 200
@@ -581,7 +594,7 @@ Transfer-Encoding: chunked
 
 
 
-=== TEST 23: stream=True and stream=1 stream too; stream=false does not
+=== TEST 24: stream=True and stream=1 stream too; stream=false does not
 --- raw_request eval
 [::stt(stream => 'True'), ::stt(stream => '1'), ::stt(stream => 'false')]
 --- error_code eval
@@ -595,7 +608,7 @@ if ($i < 2) {
 
 
 
-=== TEST 24: a stream is flushed per event: the first delta comes before the engine's second segment (0.5 s later)
+=== TEST 25: a stream is flushed per event: the first delta comes before the engine's second segment (0.5 s later)
 --- raw_request eval
 ::stt(stream => 'true', prompt => 'slow')
 --- error_code: 200
@@ -617,7 +630,7 @@ ok($t2 - $t1 >= 0.3, "$name: the rest later (" . sprintf('%.3f', $t2 - $t1) . " 
 
 
 
-=== TEST 25: a transcript streams while its audio is still uploaded (the engine answers half-way): the rest of the audio still goes
+=== TEST 26: a transcript streams while its audio is still uploaded (the engine answers half-way): the rest of the audio still goes
 --- http_config
     client_body_buffer_size 1k;
 --- raw_request eval
@@ -632,7 +645,7 @@ ok($t2 - $t1 >= 0.3, "$name: the rest later (" . sprintf('%.3f', $t2 - $t1) . " 
 
 
 
-=== TEST 26: the engine's ERROR before it read any audio (nginx still sending 300 KB from the file): the 400 as it is, nothing logged as an error
+=== TEST 27: the engine's ERROR before it read any audio (nginx still sending 300 KB from the file): the 400 as it is, nothing logged as an error
 --- http_config
     client_body_buffer_size 1k;
 --- raw_request eval
@@ -650,7 +663,7 @@ like($json->{error}{message}, qr/^mp3: corrupt frame/, "$name: the engine's mess
 
 
 
-=== TEST 27: the engine's ERROR half-way through the audio, streaming asked: still a 400 JSON (no stream had begun)
+=== TEST 28: the engine's ERROR half-way through the audio, streaming asked: still a 400 JSON (no stream had begun)
 --- http_config
 --- raw_request eval
 ::stt(prompt => 'err-mid', file => $::BIG, stream => 'true')
@@ -666,7 +679,7 @@ is($json->{error}{message}, 'mp3: corrupt frame at byte 70311', "$name: message"
 
 
 
-=== TEST 28: the engine stops reading half-way and answers a moment later: the write that fails is not the request's failure (logged at info), the engine's 400 is the answer
+=== TEST 29: the engine stops reading half-way and answers a moment later: the write that fails is not the request's failure (logged at info), the engine's 400 is the answer
 --- raw_request eval
 ::stt(prompt => 'err-shut', file => $::BIG)
 --- error_code: 400
@@ -682,7 +695,7 @@ is($json->{error}{message}, 'mp3: corrupt frame at byte 70311', "$name: the engi
 
 
 
-=== TEST 29: the engine refusing the audio half-way, again and again: each a 400 with its words, whichever side sees the close first (the write that fails, or the ERROR read)
+=== TEST 30: the engine refusing the audio half-way, again and again: each a 400 with its words, whichever side sees the close first (the write that fails, or the ERROR read)
 --- raw_request eval
 ::stt(prompt => 'err-mid', file => $::BIG)
 --- error_code: 400
@@ -708,7 +721,7 @@ Test::More::note("$writes of 16 saw the engine close as a failed write");
 
 
 
-=== TEST 30: an engine ERROR after the stream began: the deltas, an error event, a clean end
+=== TEST 31: an engine ERROR after the stream began: the deltas, an error event, a clean end
 --- raw_request eval
 ::stt(prompt => 'err-late', stream => 'true')
 --- error_code: 200
@@ -722,7 +735,7 @@ Test::More::note("$writes of 16 saw the engine close as a failed write");
 
 
 
-=== TEST 31: the same not streaming: the engine's 503 with Retry-After
+=== TEST 32: the same not streaming: the engine's 503 with Retry-After
 --- raw_request eval
 ::stt(prompt => 'err-late')
 --- error_code: 503
@@ -733,7 +746,7 @@ error_is($json, 'server_error', undef, 'stage_failed', $name);
 
 
 
-=== TEST 32: an engine that closes after a segment, not streaming: 503 engine gone
+=== TEST 33: an engine that closes after a segment, not streaming: 503 engine gone
 --- raw_request eval
 ::stt(prompt => 'close')
 --- error_code: 503
@@ -744,7 +757,7 @@ upstream prematurely closed connection
 
 
 
-=== TEST 33: an engine that closes after a segment, streaming: the delta, an error event
+=== TEST 34: an engine that closes after a segment, streaming: the delta, an error event
 --- raw_request eval
 ::stt(prompt => 'close', stream => 'true')
 --- error_code: 200
@@ -756,7 +769,7 @@ omni engine closed the stream before DONE
 
 
 
-=== TEST 34: a TRANSCRIPT that is not JSON: 502, logged
+=== TEST 35: a TRANSCRIPT that is not JSON: 502, logged
 --- raw_request eval
 ::stt(prompt => 'bad-json')
 --- error_code: 502
@@ -768,7 +781,7 @@ omni engine sent invalid TRANSCRIPT
 
 
 
-=== TEST 35: a TEXT frame (no such event for a transcription): 502, logged; streaming, an error event
+=== TEST 36: a TEXT frame (no such event for a transcription): 502, logged; streaming, an error event
 --- raw_request eval
 [::stt(prompt => 'bad-frame'), ::stt(prompt => 'bad-frame', stream => 'true')]
 --- error_code eval
@@ -784,7 +797,7 @@ omni engine sent unexpected frame type 16
 
 
 
-=== TEST 36: escapes: quotes, a backslash, a tab and UTF-8 in the text, in JSON and as they are in text
+=== TEST 37: escapes: quotes, a backslash, a tab and UTF-8 in the text, in JSON and as they are in text
 --- raw_request eval
 [::stt(prompt => 'escapes'), ::stt(prompt => 'escapes', response_format => 'text'),
  ::stt(prompt => 'escapes', stream => 'true')]
@@ -803,7 +816,7 @@ if ($i == 0) {
 
 
 
-=== TEST 37: no speech: an empty text in every format, usage rounded up (1.5 s is 2)
+=== TEST 38: no speech: an empty text in every format, usage rounded up (1.5 s is 2)
 --- raw_request eval
 [map { ::stt(prompt => 'empty', response_format => $_) } qw(json text srt vtt verbose_json)]
 --- error_code eval
@@ -814,7 +827,7 @@ if ($i == 0) {
 
 
 
-=== TEST 38: 120 segments not streaming: all of them, numbered, in order
+=== TEST 39: 120 segments not streaming: all of them, numbered, in order
 --- raw_request eval
 ::stt(prompt => 'many', response_format => 'verbose_json', 'timestamp_granularities[]' => ['segment', 'word'])
 --- error_code: 200
@@ -828,7 +841,7 @@ is($json->{text}, join(' ', map { "segment $_" } 0 .. 119), "$name: text");
 
 
 
-=== TEST 39: no file part: 400 file missing_required_parameter, nothing sent to the engine
+=== TEST 40: no file part: 400 file missing_required_parameter, nothing sent to the engine
 --- raw_request eval
 ::post(::mp($::B, ['model', 'whisper-1']))
 --- error_code: 400
@@ -840,7 +853,7 @@ ok(!fake_engine_record($::SOCK), "$name: the engine got nothing");
 
 
 
-=== TEST 40: no model, or an empty one: 400 model missing_required_parameter
+=== TEST 41: no model, or an empty one: 400 model missing_required_parameter
 --- raw_request eval
 [::stt(model => ''), ::post(::mp($::B, ['model', ''], ['file', $::AUDIO, filename => 'a.wav']))]
 --- error_code eval
@@ -850,7 +863,7 @@ error_is($json, 'invalid_request_error', 'model', 'missing_required_parameter', 
 
 
 
-=== TEST 41: language: xx is not ISO-639-1 (OpenAI's invalid_language_format), fr is but not served, english is neither
+=== TEST 42: language: xx is not ISO-639-1 (OpenAI's invalid_language_format), fr is but not served, english is neither
 --- raw_request eval
 [::stt(language => 'xx'), ::stt(language => 'fr'), ::stt(language => 'english'), ::stt(language => '')]
 --- error_code eval
@@ -862,7 +875,7 @@ like($json->{error}{message}, qr/^Invalid language 'xx'\. Language parameter mus
 
 
 
-=== TEST 42: response_format other than the five: 400 response_format
+=== TEST 43: response_format other than the five: 400 response_format
 --- raw_request eval
 [map { ::stt(response_format => $_) } 'diarized_json', 'JSON', 'xml', '']
 --- error_code eval
@@ -872,7 +885,7 @@ error_is($json, 'invalid_request_error', 'response_format', 'invalid_value', $na
 
 
 
-=== TEST 43: timestamp_granularities[] without verbose_json, or with an unknown value: 400
+=== TEST 44: timestamp_granularities[] without verbose_json, or with an unknown value: 400
 --- raw_request eval
 [::stt('timestamp_granularities[]' => 'word'),
  ::stt(response_format => 'srt', timestamp_granularities => 'segment'),
@@ -885,7 +898,7 @@ like($json->{error}{message}, qr/^`response_format` must be `verbose_json` if `t
 
 
 
-=== TEST 44: temperature outside 0..1 or not a number; stream not a boolean: 400 naming them
+=== TEST 45: temperature outside 0..1 or not a number; stream not a boolean: 400 naming them
 --- raw_request eval
 [::stt(temperature => '1.5'), ::stt(temperature => 'hot'), ::stt(temperature => '-0.1'),
  ::stt(temperature => 'nan'), ::stt(stream => 'maybe'), ::stt(temperature => '0'), ::stt(temperature => '1')]
@@ -897,7 +910,7 @@ elsif ($i == 4) { error_is($json, 'invalid_request_error', 'stream', 'invalid_ty
 
 
 
-=== TEST 45: a prompt or a model that is not UTF-8, or holds a NUL: 400 naming it
+=== TEST 46: a prompt or a model that is not UTF-8, or holds a NUL: 400 naming it
 --- raw_request eval
 [::stt(prompt => "bad \xff byte"), ::stt(model => "m\xc0\xafx"), ::stt(prompt => "nul \0 here")]
 --- error_code eval
@@ -907,7 +920,7 @@ error_is($json, 'invalid_request_error', ($i == 1 ? 'model' : 'prompt'), undef, 
 
 
 
-=== TEST 46: an empty file, two file parts: 400 file
+=== TEST 47: an empty file, two file parts: 400 file
 --- raw_request eval
 [::stt(file => ''),
  ::post(::mp($::B, ['model', 'whisper-1'], ['file', 'a', filename => 'a.wav'], ['file', 'b', filename => 'b.wav']))]
@@ -918,7 +931,7 @@ error_is($json, 'invalid_request_error', 'file', ($i == 0 ? 'invalid_value' : un
 
 
 
-=== TEST 47: not multipart: no Content-Type, JSON, multipart/mixed; no boundary, an empty one, one too long: 400 before the body is read
+=== TEST 48: not multipart: no Content-Type, JSON, multipart/mixed; no boundary, an empty one, one too long: 400 before the body is read
 --- raw_request eval
 my $b = ::mp($::B, ['model', 'whisper-1'], ['file', 'x', filename => 'a.wav']);
 [::post($b, no_type => 1), ::post('{"model":"whisper-1"}', type => 'application/json'),
@@ -936,7 +949,7 @@ if ($i < 6) {
 
 
 
-=== TEST 48: malformed bodies: no final boundary, cut in a part's headers, a part without a name, without Content-Disposition, a bare LF, garbage after a boundary, no boundary at all
+=== TEST 49: malformed bodies: no final boundary, cut in a part's headers, a part without a name, without Content-Disposition, a bare LF, garbage after a boundary, no boundary at all
 --- raw_request eval
 my $ok = ::mp($::B, ['model', 'whisper-1'], ['file', $::AUDIO, filename => 'a.wav']);
 (my $nofinal = $ok) =~ s/--\Q$::B\E--\r\n\z//;
@@ -959,7 +972,7 @@ like($json->{error}{message}, qr/^Invalid multipart\/form-data body: .*\Q$why[$i
 
 
 
-=== TEST 49: a body over client_max_body_size: 413 JSON, by Content-Length and chunked
+=== TEST 50: a body over client_max_body_size: 413 JSON, by Content-Length and chunked
 --- config
     location /v1/ {
         client_max_body_size 100k;
@@ -979,7 +992,7 @@ client intended to send too large
 
 
 
-=== TEST 50: client_max_body_size 0: a Content-Length past the module's own bound (the engine's 128 MiB of audio and room for fields) is a 413 before a byte is read
+=== TEST 51: client_max_body_size 0: a Content-Length past the module's own bound (the engine's 128 MiB of audio and room for fields) is a 413 before a byte is read
 --- config
     location /v1/ {
         client_max_body_size 0;
@@ -1002,7 +1015,7 @@ client sent too large omni request body
 
 
 
-=== TEST 51: a value kept over 64 KiB: 400 naming the part; too many kept parts: 400
+=== TEST 52: a value kept over 64 KiB: 400 naming the part; too many kept parts: 400
 --- raw_request eval
 [::stt(prompt => 'p' x 70000), ::post(::mp($::B, (map { ['model', 'whisper-1'] } 1 .. 70), ['file', 'x', filename => 'a.wav']))]
 --- error_code eval
@@ -1012,7 +1025,7 @@ error_is($json, 'invalid_request_error', ($i == 0 ? 'prompt' : undef), undef, $n
 
 
 
-=== TEST 52: a wrong method is a 405 with Allow; an API key is checked before the body is read
+=== TEST 53: a wrong method is a 405 with Allow; an API key is checked before the body is read
 --- config
     location /v1/ {
         omni_api_keys $TEST_NGINX_SERVROOT/html/keys.txt;
@@ -1031,7 +1044,7 @@ ok($i != 2 || ($json->{error}{message} // '') =~ /Invalid method/, "$name: 405 I
 
 
 
-=== TEST 53: the client leaves mid-upload, and mid-stream: no worker crash; the next request is served
+=== TEST 54: the client leaves mid-upload, and mid-stream: no worker crash; the next request is served
 --- http_config
     client_body_buffer_size 1k;
 --- raw_request eval
