@@ -411,7 +411,27 @@ if ($i == 6) {
 
 
 
-=== TEST 12: a file of 300 KB in memory: five frames, every byte
+=== TEST 12: curl -F (its own boundary, Expect: 100-continue for a large body, arrays without [], a path in the filename): the same bytes
+--- raw_request eval
+::stt()
+--- error_code: 200
+--- check
+my $f = "$ENV{TEST_NGINX_SERVROOT}/html/take.mp3";
+open(my $fh, '>', $f) or die $!;
+binmode $fh;
+print $fh $::BIG;
+close $fh;
+my $url = 'http://127.0.0.1:' . Test::Nginx::Util::server_port() . '/v1/audio/transcriptions';
+my $out = `curl -s -S -F model=whisper-1 -F response_format=verbose_json -F timestamp_granularities=word -F 'file=\@$f' $url 2>&1`;
+is($out, ::verbose(words => 1), "$name: the answer");
+my $rec = ::audio_is($::BIG, $name, min_frames => 5);
+is_deeply($rec->{req}, ::engine_json(format => 'mp3', words => 1, bytes => length $::BIG), "$name: the engine's JSON");
+--- no_error_log
+[error]
+
+
+
+=== TEST 13: a file of 300 KB in memory: five frames, every byte
 --- http_config
     client_body_buffer_size 1m;
 --- raw_request eval
@@ -426,7 +446,7 @@ a client request body is buffered to a temporary file
 
 
 
-=== TEST 13: the body in a temporary file (client_body_buffer_size 1k), sendfile off: the same bytes, read in bounded pieces
+=== TEST 14: the body in a temporary file (client_body_buffer_size 1k), sendfile off: the same bytes, read in bounded pieces
 --- http_config
     client_body_buffer_size 1k;
     sendfile off;
@@ -445,7 +465,7 @@ a client request body is buffered to a temporary file
 
 
 
-=== TEST 14: the body in a temporary file, sendfile on: views of the file go out, the same bytes
+=== TEST 15: the body in a temporary file, sendfile on: views of the file go out, the same bytes
 --- http_config
     client_body_buffer_size 1k;
     sendfile on;
@@ -461,7 +481,7 @@ a client request body is buffered to a temporary file
 
 
 
-=== TEST 15: client_body_in_file_only, the file part first (.NET order) and text parts after it
+=== TEST 16: client_body_in_file_only, the file part first (.NET order) and text parts after it
 --- http_config
     client_body_in_file_only clean;
 --- raw_request eval
@@ -477,7 +497,7 @@ like($body, qr/^1\n00:00:00,320 --> /, "$name: srt, from the part after the file
 
 
 
-=== TEST 16: a chunked body in small chunks, some of one byte: the same bytes
+=== TEST 17: a chunked body in small chunks, some of one byte: the same bytes
 --- http_config
 --- raw_request eval
 ::stt(file => $::BIG, post => { chunked => { sizes => [1, 7, 4093, 1, 65536] } })
@@ -489,7 +509,7 @@ like($body, qr/^1\n00:00:00,320 --> /, "$name: srt, from the part after the file
 
 
 
-=== TEST 17: unknown parts, include[], chunking_strategy (both wire forms), known_speaker_names[]: accepted and ignored
+=== TEST 18: unknown parts, include[], chunking_strategy (both wire forms), known_speaker_names[]: accepted and ignored
 --- raw_request eval
 ::post(::mp($::B, ['model', 'whisper-1'], ['include[]', 'logprobs'],
             ['chunking_strategy', '{"type":"server_vad","threshold":0.5}'],
@@ -505,7 +525,7 @@ is_deeply($rec->{req}, ::engine_json(), "$name: none of them reaches the engine"
 
 
 
-=== TEST 18: 20,000 parts nobody asked for around the file: parsed, not kept (a part's name and filename reuse one buffer)
+=== TEST 19: 20,000 parts nobody asked for around the file: parsed, not kept (a part's name and filename reuse one buffer)
 --- raw_request eval
 ::post(::mp($::B, (map { ["x$_", 'v' x ($_ % 7)] } 1 .. 10000), ['model', 'whisper-1'],
             ['file', $::AUDIO, filename => 'a.wav'], (map { ["y$_", ''] } 1 .. 10000)))
@@ -518,7 +538,7 @@ is_deeply($rec->{req}, ::engine_json(), "$name: the engine's JSON as for one par
 
 
 
-=== TEST 19: the served model is named to the engine; language en (any case) and the prompt go in transcribe
+=== TEST 20: the served model is named to the engine; language en (any case) and the prompt go in transcribe
 --- raw_request eval
 ::stt(model => 'stories260K', language => 'EN', prompt => "Pr\x{c3}\x{a9}cis, \"quoted\"")
 --- error_code: 200
@@ -532,7 +552,7 @@ is_deeply($rec->{req}, ::engine_json(more => { model => 'stories260K' },
 
 
 
-=== TEST 20: OpenAI's other transcription models name the served one too
+=== TEST 21: OpenAI's other transcription models name the served one too
 --- raw_request eval
 [map { ::stt(model => $_) } qw(gpt-4o-transcribe gpt-4o-mini-transcribe
                                 gpt-4o-mini-transcribe-2025-12-15)]
@@ -546,7 +566,7 @@ ok(!exists $rec->{req}{model}, "$name: request $i: no model for the engine");
 
 
 
-=== TEST 21: omni_max_audio_seconds goes to the engine, and its 400 names the limit
+=== TEST 22: omni_max_audio_seconds goes to the engine, and its 400 names the limit
 --- config
     location /v1/ {
         omni_max_audio_seconds 30;
@@ -565,7 +585,7 @@ like($json->{error}{message}, qr/max_audio_seconds \(30 s\)/, "$name: the limit 
 
 
 
-=== TEST 22: omni_max_audio_seconds takes 1 to 86400
+=== TEST 23: omni_max_audio_seconds takes 1 to 86400
 --- config
     location /v1/ {
         omni_max_audio_seconds 0;
@@ -579,7 +599,7 @@ must be between 1 and 86400
 
 
 
-=== TEST 23: stream=true: one delta per TRANSCRIPT (a space before every one but the first), done with their concatenation, [DONE]
+=== TEST 24: stream=true: one delta per TRANSCRIPT (a space before every one but the first), done with their concatenation, [DONE]
 --- raw_request eval
 ::stt(stream => 'true', response_format => 'verbose_json')
 --- error_code: 200
@@ -594,7 +614,7 @@ Transfer-Encoding: chunked
 
 
 
-=== TEST 24: stream=True and stream=1 stream too; stream=false does not
+=== TEST 25: stream=True and stream=1 stream too; stream=false does not
 --- raw_request eval
 [::stt(stream => 'True'), ::stt(stream => '1'), ::stt(stream => 'false')]
 --- error_code eval
@@ -608,7 +628,7 @@ if ($i < 2) {
 
 
 
-=== TEST 25: a stream is flushed per event: the first delta comes before the engine's second segment (0.5 s later)
+=== TEST 26: a stream is flushed per event: the first delta comes before the engine's second segment (0.5 s later)
 --- raw_request eval
 ::stt(stream => 'true', prompt => 'slow')
 --- error_code: 200
@@ -630,7 +650,7 @@ ok($t2 - $t1 >= 0.3, "$name: the rest later (" . sprintf('%.3f', $t2 - $t1) . " 
 
 
 
-=== TEST 26: a transcript streams while its audio is still uploaded (the engine answers half-way): the rest of the audio still goes
+=== TEST 27: a transcript streams while its audio is still uploaded (the engine answers half-way): the rest of the audio still goes
 --- http_config
     client_body_buffer_size 1k;
 --- raw_request eval
@@ -645,7 +665,7 @@ ok($t2 - $t1 >= 0.3, "$name: the rest later (" . sprintf('%.3f', $t2 - $t1) . " 
 
 
 
-=== TEST 27: the engine's ERROR before it read any audio (nginx still sending 300 KB from the file): the 400 as it is, nothing logged as an error
+=== TEST 28: the engine's ERROR before it read any audio (nginx still sending 300 KB from the file): the 400 as it is, nothing logged as an error
 --- http_config
     client_body_buffer_size 1k;
 --- raw_request eval
@@ -663,7 +683,7 @@ like($json->{error}{message}, qr/^mp3: corrupt frame/, "$name: the engine's mess
 
 
 
-=== TEST 28: the engine's ERROR half-way through the audio, streaming asked: still a 400 JSON (no stream had begun)
+=== TEST 29: the engine's ERROR half-way through the audio, streaming asked: still a 400 JSON (no stream had begun)
 --- http_config
 --- raw_request eval
 ::stt(prompt => 'err-mid', file => $::BIG, stream => 'true')
@@ -679,7 +699,7 @@ is($json->{error}{message}, 'mp3: corrupt frame at byte 70311', "$name: message"
 
 
 
-=== TEST 29: the engine stops reading half-way and answers a moment later: the write that fails is not the request's failure (logged at info), the engine's 400 is the answer
+=== TEST 30: the engine stops reading half-way and answers a moment later: the write that fails is not the request's failure (logged at info), the engine's 400 is the answer
 --- raw_request eval
 ::stt(prompt => 'err-shut', file => $::BIG)
 --- error_code: 400
@@ -695,7 +715,7 @@ is($json->{error}{message}, 'mp3: corrupt frame at byte 70311', "$name: the engi
 
 
 
-=== TEST 30: the engine refusing the audio half-way, again and again: each a 400 with its words, whichever side sees the close first (the write that fails, or the ERROR read)
+=== TEST 31: the engine refusing the audio half-way, again and again: each a 400 with its words, whichever side sees the close first (the write that fails, or the ERROR read)
 --- raw_request eval
 ::stt(prompt => 'err-mid', file => $::BIG)
 --- error_code: 400
@@ -721,7 +741,7 @@ Test::More::note("$writes of 16 saw the engine close as a failed write");
 
 
 
-=== TEST 31: an engine ERROR after the stream began: the deltas, an error event, a clean end
+=== TEST 32: an engine ERROR after the stream began: the deltas, an error event, a clean end
 --- raw_request eval
 ::stt(prompt => 'err-late', stream => 'true')
 --- error_code: 200
@@ -735,7 +755,7 @@ Test::More::note("$writes of 16 saw the engine close as a failed write");
 
 
 
-=== TEST 32: the same not streaming: the engine's 503 with Retry-After
+=== TEST 33: the same not streaming: the engine's 503 with Retry-After
 --- raw_request eval
 ::stt(prompt => 'err-late')
 --- error_code: 503
@@ -746,7 +766,7 @@ error_is($json, 'server_error', undef, 'stage_failed', $name);
 
 
 
-=== TEST 33: an engine that closes after a segment, not streaming: 503 engine gone
+=== TEST 34: an engine that closes after a segment, not streaming: 503 engine gone
 --- raw_request eval
 ::stt(prompt => 'close')
 --- error_code: 503
@@ -757,7 +777,7 @@ upstream prematurely closed connection
 
 
 
-=== TEST 34: an engine that closes after a segment, streaming: the delta, an error event
+=== TEST 35: an engine that closes after a segment, streaming: the delta, an error event
 --- raw_request eval
 ::stt(prompt => 'close', stream => 'true')
 --- error_code: 200
@@ -769,7 +789,7 @@ omni engine closed the stream before DONE
 
 
 
-=== TEST 35: a TRANSCRIPT that is not JSON: 502, logged
+=== TEST 36: a TRANSCRIPT that is not JSON: 502, logged
 --- raw_request eval
 ::stt(prompt => 'bad-json')
 --- error_code: 502
@@ -781,7 +801,7 @@ omni engine sent invalid TRANSCRIPT
 
 
 
-=== TEST 36: a TEXT frame (no such event for a transcription): 502, logged; streaming, an error event
+=== TEST 37: a TEXT frame (no such event for a transcription): 502, logged; streaming, an error event
 --- raw_request eval
 [::stt(prompt => 'bad-frame'), ::stt(prompt => 'bad-frame', stream => 'true')]
 --- error_code eval
@@ -797,7 +817,7 @@ omni engine sent unexpected frame type 16
 
 
 
-=== TEST 37: escapes: quotes, a backslash, a tab and UTF-8 in the text, in JSON and as they are in text
+=== TEST 38: escapes: quotes, a backslash, a tab and UTF-8 in the text, in JSON and as they are in text
 --- raw_request eval
 [::stt(prompt => 'escapes'), ::stt(prompt => 'escapes', response_format => 'text'),
  ::stt(prompt => 'escapes', stream => 'true')]
@@ -816,7 +836,7 @@ if ($i == 0) {
 
 
 
-=== TEST 38: no speech: an empty text in every format, usage rounded up (1.5 s is 2)
+=== TEST 39: no speech: an empty text in every format, usage rounded up (1.5 s is 2)
 --- raw_request eval
 [map { ::stt(prompt => 'empty', response_format => $_) } qw(json text srt vtt verbose_json)]
 --- error_code eval
@@ -827,7 +847,7 @@ if ($i == 0) {
 
 
 
-=== TEST 39: 120 segments not streaming: all of them, numbered, in order
+=== TEST 40: 120 segments not streaming: all of them, numbered, in order
 --- raw_request eval
 ::stt(prompt => 'many', response_format => 'verbose_json', 'timestamp_granularities[]' => ['segment', 'word'])
 --- error_code: 200
@@ -841,7 +861,7 @@ is($json->{text}, join(' ', map { "segment $_" } 0 .. 119), "$name: text");
 
 
 
-=== TEST 40: no file part: 400 file missing_required_parameter, nothing sent to the engine
+=== TEST 41: no file part: 400 file missing_required_parameter, nothing sent to the engine
 --- raw_request eval
 ::post(::mp($::B, ['model', 'whisper-1']))
 --- error_code: 400
@@ -853,7 +873,7 @@ ok(!fake_engine_record($::SOCK), "$name: the engine got nothing");
 
 
 
-=== TEST 41: no model, or an empty one: 400 model missing_required_parameter
+=== TEST 42: no model, or an empty one: 400 model missing_required_parameter
 --- raw_request eval
 [::stt(model => ''), ::post(::mp($::B, ['model', ''], ['file', $::AUDIO, filename => 'a.wav']))]
 --- error_code eval
@@ -863,7 +883,7 @@ error_is($json, 'invalid_request_error', 'model', 'missing_required_parameter', 
 
 
 
-=== TEST 42: language: xx is not ISO-639-1 (OpenAI's invalid_language_format), fr is but not served, english is neither
+=== TEST 43: language: xx is not ISO-639-1 (OpenAI's invalid_language_format), fr is but not served, english is neither
 --- raw_request eval
 [::stt(language => 'xx'), ::stt(language => 'fr'), ::stt(language => 'english'), ::stt(language => '')]
 --- error_code eval
@@ -875,7 +895,7 @@ like($json->{error}{message}, qr/^Invalid language 'xx'\. Language parameter mus
 
 
 
-=== TEST 43: response_format other than the five: 400 response_format
+=== TEST 44: response_format other than the five: 400 response_format
 --- raw_request eval
 [map { ::stt(response_format => $_) } 'diarized_json', 'JSON', 'xml', '']
 --- error_code eval
@@ -885,7 +905,7 @@ error_is($json, 'invalid_request_error', 'response_format', 'invalid_value', $na
 
 
 
-=== TEST 44: timestamp_granularities[] without verbose_json, or with an unknown value: 400
+=== TEST 45: timestamp_granularities[] without verbose_json, or with an unknown value: 400
 --- raw_request eval
 [::stt('timestamp_granularities[]' => 'word'),
  ::stt(response_format => 'srt', timestamp_granularities => 'segment'),
@@ -898,7 +918,7 @@ like($json->{error}{message}, qr/^`response_format` must be `verbose_json` if `t
 
 
 
-=== TEST 45: temperature outside 0..1 or not a number; stream not a boolean: 400 naming them
+=== TEST 46: temperature outside 0..1 or not a number; stream not a boolean: 400 naming them
 --- raw_request eval
 [::stt(temperature => '1.5'), ::stt(temperature => 'hot'), ::stt(temperature => '-0.1'),
  ::stt(temperature => 'nan'), ::stt(stream => 'maybe'), ::stt(temperature => '0'), ::stt(temperature => '1')]
@@ -910,7 +930,7 @@ elsif ($i == 4) { error_is($json, 'invalid_request_error', 'stream', 'invalid_ty
 
 
 
-=== TEST 46: a prompt or a model that is not UTF-8, or holds a NUL: 400 naming it
+=== TEST 47: a prompt or a model that is not UTF-8, or holds a NUL: 400 naming it
 --- raw_request eval
 [::stt(prompt => "bad \xff byte"), ::stt(model => "m\xc0\xafx"), ::stt(prompt => "nul \0 here")]
 --- error_code eval
@@ -920,7 +940,7 @@ error_is($json, 'invalid_request_error', ($i == 1 ? 'model' : 'prompt'), undef, 
 
 
 
-=== TEST 47: an empty file, two file parts: 400 file
+=== TEST 48: an empty file, two file parts: 400 file
 --- raw_request eval
 [::stt(file => ''),
  ::post(::mp($::B, ['model', 'whisper-1'], ['file', 'a', filename => 'a.wav'], ['file', 'b', filename => 'b.wav']))]
@@ -931,7 +951,7 @@ error_is($json, 'invalid_request_error', 'file', ($i == 0 ? 'invalid_value' : un
 
 
 
-=== TEST 48: not multipart: no Content-Type, JSON, multipart/mixed; no boundary, an empty one, one too long: 400 before the body is read
+=== TEST 49: not multipart: no Content-Type, JSON, multipart/mixed; no boundary, an empty one, one too long: 400 before the body is read
 --- raw_request eval
 my $b = ::mp($::B, ['model', 'whisper-1'], ['file', 'x', filename => 'a.wav']);
 [::post($b, no_type => 1), ::post('{"model":"whisper-1"}', type => 'application/json'),
@@ -949,7 +969,7 @@ if ($i < 6) {
 
 
 
-=== TEST 49: malformed bodies: no final boundary, cut in a part's headers, a part without a name, without Content-Disposition, a bare LF, garbage after a boundary, no boundary at all
+=== TEST 50: malformed bodies: no final boundary, cut in a part's headers, a part without a name, without Content-Disposition, a bare LF, garbage after a boundary, no boundary at all
 --- raw_request eval
 my $ok = ::mp($::B, ['model', 'whisper-1'], ['file', $::AUDIO, filename => 'a.wav']);
 (my $nofinal = $ok) =~ s/--\Q$::B\E--\r\n\z//;
@@ -972,7 +992,7 @@ like($json->{error}{message}, qr/^Invalid multipart\/form-data body: .*\Q$why[$i
 
 
 
-=== TEST 50: a body over client_max_body_size: 413 JSON, by Content-Length and chunked
+=== TEST 51: a body over client_max_body_size: 413 JSON, by Content-Length and chunked
 --- config
     location /v1/ {
         client_max_body_size 100k;
@@ -992,7 +1012,7 @@ client intended to send too large
 
 
 
-=== TEST 51: client_max_body_size 0: a Content-Length past the module's own bound (the engine's 128 MiB of audio and room for fields) is a 413 before a byte is read
+=== TEST 52: client_max_body_size 0: a Content-Length past the module's own bound (the engine's 128 MiB of audio and room for fields) is a 413 before a byte is read
 --- config
     location /v1/ {
         client_max_body_size 0;
@@ -1015,7 +1035,7 @@ client sent too large omni request body
 
 
 
-=== TEST 52: a value kept over 64 KiB: 400 naming the part; too many kept parts: 400
+=== TEST 53: a value kept over 64 KiB: 400 naming the part; too many kept parts: 400
 --- raw_request eval
 [::stt(prompt => 'p' x 70000), ::post(::mp($::B, (map { ['model', 'whisper-1'] } 1 .. 70), ['file', 'x', filename => 'a.wav']))]
 --- error_code eval
@@ -1025,7 +1045,7 @@ error_is($json, 'invalid_request_error', ($i == 0 ? 'prompt' : undef), undef, $n
 
 
 
-=== TEST 53: a wrong method is a 405 with Allow; an API key is checked before the body is read
+=== TEST 54: a wrong method is a 405 with Allow; an API key is checked before the body is read
 --- config
     location /v1/ {
         omni_api_keys $TEST_NGINX_SERVROOT/html/keys.txt;
@@ -1044,7 +1064,7 @@ ok($i != 2 || ($json->{error}{message} // '') =~ /Invalid method/, "$name: 405 I
 
 
 
-=== TEST 54: the client leaves mid-upload, and mid-stream: no worker crash; the next request is served
+=== TEST 55: the client leaves mid-upload, and mid-stream: no worker crash; the next request is served
 --- http_config
     client_body_buffer_size 1k;
 --- raw_request eval
