@@ -62,6 +62,9 @@ static const char *const  ngx_http_omni_in_formats[][2] = {
 #define NGX_HTTP_OMNI_AUDIO_INPUTS  16      /* engine's REQ_MAX_AUDIO_IN */
 
 
+static ngx_int_t ngx_http_omni_audio_in_format(ngx_http_request_t *r,
+    size_t i, size_t j, yajl_val ia, ngx_uint_t *k,
+    ngx_http_omni_error_t *err);
 static ngx_int_t ngx_http_omni_base64(ngx_http_request_t *r, u_char *s,
     ngx_str_t *dst);
 static ngx_chain_t *ngx_http_omni_up_header(ngx_http_request_t *r,
@@ -121,7 +124,8 @@ ngx_http_omni_audio_in_part(ngx_http_request_t *r, size_t i, size_t j,
     yajl_val part, ngx_http_omni_req_t *req, ngx_http_omni_error_t *err)
 {
     char         *param, *name;
-    yajl_val      ia, data, format;
+    yajl_val      ia, data;
+    ngx_int_t     rc;
     ngx_buf_t    *b;
     ngx_str_t     bytes;
     ngx_uint_t    k;
@@ -156,41 +160,11 @@ ngx_http_omni_audio_in_part(ngx_http_request_t *r, size_t i, size_t j,
 
     /* format first: it costs nothing to check */
 
-    name = ngx_http_omni_param(r, "messages[%uz].content[%uz].input_audio"
-                               ".format", i, j);
-    if (name == NULL) {
-        return NGX_ERROR;
-    }
+    k = 0;
 
-    format = ngx_http_omni_member(ia, "format");
-
-    if (format == NULL) {
-        return ngx_http_omni_invalid(r, err, name,
-                                     "missing_required_parameter",
-                                     "Missing required parameter: '%s'.",
-                                     name);
-    }
-
-    if (!YAJL_IS_STRING(format)) {
-        return ngx_http_omni_invalid_type(r, err, name, "a string", format);
-    }
-
-    for (k = 0; ngx_http_omni_in_formats[k][0] != NULL; k++) {
-        if (ngx_strcmp(format->u.string, ngx_http_omni_in_formats[k][0])
-            == 0)
-        {
-            break;
-        }
-    }
-
-    if (ngx_http_omni_in_formats[k][0] == NULL) {
-        return ngx_http_omni_invalid(r, err, name, "invalid_value",
-                                     "Invalid value for '%s': '%*s'. "
-                                     "Supported values are: 'wav', 'mp3', "
-                                     "'flac', 'opus' and 'ogg'.", name,
-                                     ngx_min(ngx_strlen(format->u.string),
-                                             40),
-                                     format->u.string);
+    rc = ngx_http_omni_audio_in_format(r, i, j, ia, &k, err);
+    if (rc != NGX_OK) {
+        return rc;
     }
 
     name = ngx_http_omni_param(r, "messages[%uz].content[%uz].input_audio"
@@ -261,6 +235,51 @@ ngx_http_omni_audio_in_part(ngx_http_request_t *r, size_t i, size_t j,
     return ngx_http_omni_audio_in_add(r, req,
                                       (char *) ngx_http_omni_in_formats[k][1],
                                       param, cl, 0, (off_t) bytes.len);
+}
+
+
+/* input_audio.format: one of OpenAI's names, its row in *k */
+
+static ngx_int_t
+ngx_http_omni_audio_in_format(ngx_http_request_t *r, size_t i, size_t j,
+    yajl_val ia, ngx_uint_t *k, ngx_http_omni_error_t *err)
+{
+    char      *name;
+    yajl_val   format;
+
+    name = ngx_http_omni_param(r, "messages[%uz].content[%uz].input_audio"
+                               ".format", i, j);
+    if (name == NULL) {
+        return NGX_ERROR;
+    }
+
+    format = ngx_http_omni_member(ia, "format");
+
+    if (format == NULL) {
+        return ngx_http_omni_invalid(r, err, name,
+                                     "missing_required_parameter",
+                                     "Missing required parameter: '%s'.",
+                                     name);
+    }
+
+    if (!YAJL_IS_STRING(format)) {
+        return ngx_http_omni_invalid_type(r, err, name, "a string", format);
+    }
+
+    for (*k = 0; ngx_http_omni_in_formats[*k][0] != NULL; (*k)++) {
+        if (ngx_strcmp(format->u.string, ngx_http_omni_in_formats[*k][0])
+            == 0)
+        {
+            return NGX_OK;
+        }
+    }
+
+    return ngx_http_omni_invalid(r, err, name, "invalid_value",
+                                 "Invalid value for '%s': '%*s'. Supported "
+                                 "values are: 'wav', 'mp3', 'flac', 'opus' "
+                                 "and 'ogg'.", name,
+                                 ngx_min(ngx_strlen(format->u.string), 40),
+                                 format->u.string);
 }
 
 

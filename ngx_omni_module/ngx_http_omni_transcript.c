@@ -72,6 +72,8 @@ static ngx_buf_t *ngx_http_omni_transcript_json(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx);
 static ngx_buf_t *ngx_http_omni_transcript_verbose(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx);
+static ngx_int_t ngx_http_omni_transcript_segments(ngx_http_request_t *r,
+    ngx_http_omni_stt_t *stt, ngx_buf_t *b);
 static u_char *ngx_http_omni_transcript_segment(u_char *p, ngx_uint_t id,
     ngx_http_omni_segment_t *seg, double ratio);
 static ngx_buf_t *ngx_http_omni_transcript_cues(ngx_http_request_t *r,
@@ -461,12 +463,9 @@ static ngx_buf_t *
 ngx_http_omni_transcript_verbose(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx)
 {
-    double                    ratio;
     size_t                    size;
-    z_stream                  zs;
     ngx_buf_t                *b;
-    ngx_str_t                 text;
-    ngx_uint_t                i, zinit;
+    ngx_uint_t                i;
     ngx_http_omni_stt_t      *stt;
     ngx_http_omni_word_t     *word;
     ngx_http_omni_segment_t  *seg;
@@ -503,64 +502,10 @@ ngx_http_omni_transcript_verbose(ngx_http_request_t *r,
     b->last = ngx_http_omni_joined(b->last, stt, 1);
     *b->last++ = '"';
 
-    if (stt->segment_times) {
-        b->last = ngx_cpymem(b->last, ",\"segments\":[",
-                             sizeof(",\"segments\":[") - 1);
-
-        zinit = 0;
-        ngx_memzero(&zs, sizeof(z_stream));
-
-        for (i = 0; i < stt->segments.nelts; i++) {
-
-            /* of the text as sent, with Whisper's leading space */
-
-            ratio = 0.0;
-
-            if (seg[i].text.len) {
-                if (!zinit) {
-                    zs.zalloc = ngx_http_omni_zalloc;
-                    zs.zfree = ngx_http_omni_zfree;
-                    zs.opaque = r->pool;
-
-                    if (deflateInit(&zs, Z_DEFAULT_COMPRESSION) != Z_OK) {
-                        ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
-                                      "omni deflateInit() failed");
-                        return NULL;
-                    }
-
-                    zinit = 1;
-                }
-
-                text.len = seg[i].text.len + 1;
-                text.data = ngx_pnalloc(r->pool, text.len);
-                if (text.data == NULL) {
-                    return NULL;
-                }
-
-                text.data[0] = ' ';
-                ngx_memcpy(text.data + 1, seg[i].text.data, seg[i].text.len);
-
-                if (ngx_http_omni_compression(r, &zs, &text, &ratio)
-                    != NGX_OK)
-                {
-                    (void) deflateEnd(&zs);
-                    return NULL;
-                }
-            }
-
-            if (i) {
-                *b->last++ = ',';
-            }
-
-            b->last = ngx_http_omni_transcript_segment(b->last, i, &seg[i],
-                                                       ratio);
-        }
-
-        if (zinit) {
-            (void) deflateEnd(&zs);
-        }
-
-        *b->last++ = ']';
+    if (stt->segment_times
+        && ngx_http_omni_transcript_segments(r, stt, b) != NGX_OK)
+    {
+        return NULL;
     }
 
     if (stt->word_times) {
@@ -594,6 +539,84 @@ ngx_http_omni_transcript_verbose(ngx_http_request_t *r,
     *b->last++ = '\n';
 
     return b;
+}
+
+
+/* ,"segments":[...] into b, each segment's compression ratio from one
+ * deflate stream (reset between them), whose memory is r->pool's. */
+
+static ngx_int_t
+ngx_http_omni_transcript_segments(ngx_http_request_t *r,
+    ngx_http_omni_stt_t *stt, ngx_buf_t *b)
+{
+    double                    ratio;
+    z_stream                  zs;
+    ngx_str_t                 text;
+    ngx_int_t                 rc;
+    ngx_uint_t                i, zinit;
+    ngx_http_omni_segment_t  *seg;
+
+    seg = stt->segments.elts;
+    zinit = 0;
+    rc = NGX_OK;
+
+    ngx_memzero(&zs, sizeof(z_stream));
+
+    zs.zalloc = ngx_http_omni_zalloc;
+    zs.zfree = ngx_http_omni_zfree;
+    zs.opaque = r->pool;
+
+    b->last = ngx_cpymem(b->last, ",\"segments\":[",
+                         sizeof(",\"segments\":[") - 1);
+
+    for (i = 0; i < stt->segments.nelts; i++) {
+        ratio = 0.0;
+
+        if (seg[i].text.len) {
+
+            /* of the text as sent, with Whisper's leading space */
+
+            text.len = seg[i].text.len + 1;
+            text.data = ngx_pnalloc(r->pool, text.len);
+            if (text.data == NULL) {
+                rc = NGX_ERROR;
+                break;
+            }
+
+            text.data[0] = ' ';
+            ngx_memcpy(text.data + 1, seg[i].text.data, seg[i].text.len);
+
+            if (!zinit) {
+                if (deflateInit(&zs, Z_DEFAULT_COMPRESSION) != Z_OK) {
+                    ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
+                                  "omni deflateInit() failed");
+                    return NGX_ERROR;
+                }
+
+                zinit = 1;
+            }
+
+            rc = ngx_http_omni_compression(r, &zs, &text, &ratio);
+            if (rc != NGX_OK) {
+                break;
+            }
+        }
+
+        if (i) {
+            *b->last++ = ',';
+        }
+
+        b->last = ngx_http_omni_transcript_segment(b->last, i, &seg[i],
+                                                   ratio);
+    }
+
+    if (zinit) {
+        (void) deflateEnd(&zs);
+    }
+
+    *b->last++ = ']';
+
+    return rc;
 }
 
 
