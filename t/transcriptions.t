@@ -237,6 +237,9 @@ qq{{"text":"$::TEXT","usage":{"type":"duration","seconds":11}}\n}
 my $rec = ::audio_is($::AUDIO, $name);
 is_deeply($rec->{req}, ::engine_json(), "$name: the engine's JSON (no "
           . "model: whisper-1 is the served model's name)");
+is($rec->{json}, '{"transcribe":{"words":false},"audio_in":[{"format":"wav",'
+   . '"bytes":3000,"param":"file"}],"max_audio_seconds":600}',
+   "$name: the REQUEST payload, byte for byte");
 --- no_error_log
 [error]
 [warn]
