@@ -7,10 +7,11 @@
 /*
  * ngx_http_omni_body.c -- the request body of an endpoint that has one:
  * read whole into memory, never more than NGX_HTTP_OMNI_MAX_BODY, given
- * to the endpoint's parser, then the request goes to the engine. Apart
- * from the handler (ngx_http_omni_module.c), which decides whether a
- * request goes on at all, because this runs later, when nginx has read
- * the body.
+ * to the endpoint's parser (an endpoint that parses its body as it
+ * arrives, the transcription's multipart, is told its end), then the
+ * request goes to the engine. Apart from the handler
+ * (ngx_http_omni_module.c), which decides whether a request goes on at
+ * all, because this runs later, when nginx has read the body.
  */
 
 #include <ngx_config.h>
@@ -38,7 +39,16 @@ ngx_http_omni_body_handler(ngx_http_request_t *r)
 
     ngx_memzero(&err, sizeof(ngx_http_omni_error_t));
 
-    rc = ngx_http_omni_read_body(r, &body, &err);
+    if (ctx->endpoint->start) {
+
+        /* parsed as it arrived (the endpoint's request body filter) */
+
+        ngx_str_null(&body);
+        rc = NGX_OK;
+
+    } else {
+        rc = ngx_http_omni_read_body(r, &body, &err);
+    }
 
     if (rc == NGX_OK) {
         rc = ctx->endpoint->parse(r, ctx->endpoint, &body, &ctx->req, &err);

@@ -13,8 +13,9 @@
  * "/v1/" in the URI, or the location's omni_health / omni_metrics),
  * checks the method and the API key (ngx_http_omni_auth.c), has the body
  * of an endpoint that takes one read and parsed (ngx_http_omni_body.c,
- * the row's parser), then hands the request to nginx's upstream
- * machinery (ngx_http_omni_upstream.c). Client mistakes found here are
+ * the row's parser; a transcription's multipart body is parsed as it
+ * arrives, ngx_http_omni_transcribe.c), then hands the request to nginx's
+ * upstream machinery (ngx_http_omni_upstream.c). Client mistakes found here are
  * answered at once with OpenAI's error object; they never reach the
  * engine.
  *
@@ -51,6 +52,12 @@ static char *ngx_http_omni_api_keys(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static ngx_http_core_loc_conf_t *ngx_http_omni_enable(ngx_conf_t *cf,
     ngx_http_omni_loc_conf_t *olcf);
+
+
+/* omni_max_audio_seconds: what the engine takes of an audio input */
+static ngx_conf_num_bounds_t  ngx_http_omni_max_audio_seconds_bounds = {
+    ngx_conf_check_num_bounds, 1, 86400
+};
 
 
 /* omni_speech_mode: the engine's "audio.mode" when a request names none */
@@ -119,6 +126,13 @@ static ngx_command_t  ngx_http_omni_commands[] = {
       offsetof(ngx_http_omni_loc_conf_t, speech_mode),
       &ngx_http_omni_speech_modes },
 
+    { ngx_string("omni_max_audio_seconds"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_num_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_omni_loc_conf_t, max_audio_seconds),
+      &ngx_http_omni_max_audio_seconds_bounds },
+
     { ngx_string("omni_health"),
       NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
       ngx_http_omni_endpoint_slot,
@@ -183,6 +197,7 @@ ngx_http_omni_endpoint_t  ngx_http_omni_endpoints[NGX_HTTP_OMNI_ENDPOINTS] = {
       ngx_string("chat_completions"),
       NGX_HTTP_POST, ngx_string("POST"),
       NGX_HTTP_OMNI_KIND_CHAT, ngx_http_omni_parse,
+      NULL, NGX_HTTP_OMNI_MAX_BODY,
       OMNI_F_REQUEST, 0, NULL, NULL,
       ngx_string("chatcmpl-"), 0 },
 
@@ -190,6 +205,7 @@ ngx_http_omni_endpoint_t  ngx_http_omni_endpoints[NGX_HTTP_OMNI_ENDPOINTS] = {
       ngx_string("completions"),
       NGX_HTTP_POST, ngx_string("POST"),
       NGX_HTTP_OMNI_KIND_COMPLETION, ngx_http_omni_parse,
+      NULL, NGX_HTTP_OMNI_MAX_BODY,
       OMNI_F_REQUEST, 0, NULL, NULL,
       ngx_string("cmpl-"), 0 },
 
@@ -197,6 +213,7 @@ ngx_http_omni_endpoint_t  ngx_http_omni_endpoints[NGX_HTTP_OMNI_ENDPOINTS] = {
       ngx_string("models"),
       NGX_HTTP_GET|NGX_HTTP_HEAD, ngx_string("GET, HEAD"),
       NGX_HTTP_OMNI_KIND_NONE, NULL,
+      NULL, NGX_HTTP_OMNI_MAX_BODY,
       OMNI_F_MODELS, OMNI_F_MODELS_R, ngx_http_omni_models_reply, NULL,
       ngx_null_string, 0 },
 
@@ -204,6 +221,7 @@ ngx_http_omni_endpoint_t  ngx_http_omni_endpoints[NGX_HTTP_OMNI_ENDPOINTS] = {
       ngx_string("model"),
       NGX_HTTP_GET|NGX_HTTP_HEAD, ngx_string("GET, HEAD"),
       NGX_HTTP_OMNI_KIND_NONE, NULL,
+      NULL, NGX_HTTP_OMNI_MAX_BODY,
       OMNI_F_MODELS, OMNI_F_MODELS_R, ngx_http_omni_models_reply, NULL,
       ngx_null_string, 0 },
 
@@ -211,6 +229,7 @@ ngx_http_omni_endpoint_t  ngx_http_omni_endpoints[NGX_HTTP_OMNI_ENDPOINTS] = {
       ngx_string("health"),
       NGX_HTTP_GET|NGX_HTTP_HEAD, ngx_string("GET, HEAD"),
       NGX_HTTP_OMNI_KIND_NONE, NULL,
+      NULL, NGX_HTTP_OMNI_MAX_BODY,
       OMNI_F_HEALTH, OMNI_F_HEALTH_R, ngx_http_omni_health_reply,
       ngx_http_omni_health_page,
       ngx_null_string, 1 },
@@ -219,6 +238,7 @@ ngx_http_omni_endpoint_t  ngx_http_omni_endpoints[NGX_HTTP_OMNI_ENDPOINTS] = {
       ngx_string("metrics"),
       NGX_HTTP_GET|NGX_HTTP_HEAD, ngx_string("GET, HEAD"),
       NGX_HTTP_OMNI_KIND_NONE, NULL,
+      NULL, NGX_HTTP_OMNI_MAX_BODY,
       OMNI_F_METRICS, OMNI_F_METRICS_R, ngx_http_omni_metrics_reply,
       ngx_http_omni_metrics_page,
       ngx_null_string, 1 },
@@ -227,6 +247,15 @@ ngx_http_omni_endpoint_t  ngx_http_omni_endpoints[NGX_HTTP_OMNI_ENDPOINTS] = {
       ngx_string("audio_speech"),
       NGX_HTTP_POST, ngx_string("POST"),
       NGX_HTTP_OMNI_KIND_SPEECH, ngx_http_omni_parse,
+      NULL, NGX_HTTP_OMNI_MAX_BODY,
+      OMNI_F_REQUEST, 0, NULL, NULL,
+      ngx_null_string, 0 },
+
+    { ngx_string("audio/transcriptions"), ngx_null_string,
+      ngx_string("audio_transcriptions"),
+      NGX_HTTP_POST, ngx_string("POST"),
+      NGX_HTTP_OMNI_KIND_TRANSCRIPTION, ngx_http_omni_transcribe_parse,
+      ngx_http_omni_transcribe_start, NGX_HTTP_OMNI_MAX_UPLOAD,
       OMNI_F_REQUEST, 0, NULL, NULL,
       ngx_null_string, 0 }
 };
@@ -269,7 +298,13 @@ ngx_http_omni_handler(ngx_http_request_t *r)
     }
 
     if (ctx->endpoint->parse) {
-        r->request_body_in_single_buf = 1;
+
+        /* a body parsed whole is wanted in one buffer; one parsed as it
+         * arrives stays where nginx puts it */
+
+        if (ctx->endpoint->start == NULL) {
+            r->request_body_in_single_buf = 1;
+        }
 
         rc = ngx_http_read_client_request_body(r,
                                                ngx_http_omni_body_handler);
@@ -511,7 +546,7 @@ ngx_http_omni_check_request(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
         return rc;
     }
 
-    if (r->headers_in.content_length_n > NGX_HTTP_OMNI_MAX_BODY) {
+    if (r->headers_in.content_length_n > ep->max_body) {
         /* refused before a byte of it is read (or written to a file) */
         return ngx_http_omni_too_large(r, r->headers_in.content_length_n,
                                        err);
@@ -537,6 +572,10 @@ ngx_http_omni_check_request(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
         return NGX_DECLINED;
     }
 
+    if (ep->start) {
+        return ep->start(r, ctx, err);
+    }
+
     return NGX_OK;
 }
 
@@ -554,7 +593,9 @@ ngx_http_omni_init(ngx_conf_t *cf)
         return NGX_ERROR;
     }
 
-    if (ngx_http_omni_filter_init(cf) != NGX_OK) {
+    if (ngx_http_omni_filter_init(cf) != NGX_OK
+        || ngx_http_omni_transcribe_init(cf) != NGX_OK)
+    {
         return NGX_ERROR;
     }
 
@@ -617,6 +658,7 @@ ngx_http_omni_create_loc_conf(ngx_conf_t *cf)
     conf->keepalive_interval = NGX_CONF_UNSET_MSEC;
     conf->health_timeout = NGX_CONF_UNSET_MSEC;
     conf->speech_mode = NGX_CONF_UNSET_UINT;
+    conf->max_audio_seconds = NGX_CONF_UNSET;
     conf->api_keys = NGX_CONF_UNSET_PTR;
 
     /* the hardcoded values */
@@ -632,7 +674,10 @@ ngx_http_omni_create_loc_conf(ngx_conf_t *cf)
     conf->upstream.pass_request_body = 0;
     conf->upstream.force_ranges = 0;
     conf->upstream.pass_trailers = 0;
-    conf->upstream.preserve_output = 0;
+
+    /* an upload of audio goes on after the response began: a transcript
+     * streams while the engine still reads its audio */
+    conf->upstream.preserve_output = 1;
 
     /* tokens must reach the client as they are produced */
     conf->upstream.buffering = 0;
@@ -689,6 +734,9 @@ ngx_http_omni_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
 
     ngx_conf_merge_uint_value(conf->speech_mode, prev->speech_mode,
                               NGX_HTTP_OMNI_SPEECH_LATENCY);
+
+    ngx_conf_merge_value(conf->max_audio_seconds,
+                              prev->max_audio_seconds, 600);
 
     if (conf->endpoint && conf->endpoint->probe) {
         /* a stopped engine still accepts (the kernel does it) and never

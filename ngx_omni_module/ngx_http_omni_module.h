@@ -14,6 +14,18 @@
  *                             words (ngx_http_omni_request.h: theirs)
  *   ngx_http_omni_speech.c    speech requests in: /v1/audio/speech's
  *                             body, chat's "audio" and "modalities"
+ *   ngx_http_omni_transcribe.c
+ *                             /v1/audio/transcriptions in: the
+ *                             multipart body parsed as it arrives (a
+ *                             request body filter), its fields, the
+ *                             engine's JSON and the file part's bytes
+ *   ngx_http_omni_multipart.c multipart/form-data, parsed in pieces
+ *                             (ngx_http_omni_multipart.h)
+ *   ngx_http_omni_audio_in.c  audio in: the inputs that follow a REQUEST
+ *                             in AUDIO_IN frames (a transcription's file,
+ *                             chat's input_audio parts, base64 decoded),
+ *                             framed on their way out by the upstream's
+ *                             output filter
  *   ngx_http_omni_json.c      yajl as the module uses it: the pre-scan
  *                             (json_scan.h), trees, yajl_gen helpers
  *   ngx_http_omni_upstream.c  upstream callbacks: the REQUEST or control
@@ -24,6 +36,10 @@
  *   ngx_http_omni_audio.c     AUDIO frames out: raw audio bytes, speech
  *                             SSE events, chat audio chunks and the
  *                             non-streaming chat answer's "audio"
+ *   ngx_http_omni_transcript.c
+ *                             TRANSCRIPT frames out: a transcription's
+ *                             json, text, srt, vtt and verbose_json
+ *                             bodies, or its transcript.text.* events
  *   ngx_http_omni_openai.c    OpenAI JSON out: response bodies, SSE
  *                             chunks, errors
  *   ngx_http_omni_models.c    the model list and the one model
@@ -59,9 +75,12 @@
 #include "json_scan.h"
 #include "omni_proto.h"
 
+#include "ngx_http_omni_multipart.h"
+
 
 typedef struct ngx_http_omni_endpoint_s  ngx_http_omni_endpoint_t;
 typedef struct ngx_http_omni_ctx_s       ngx_http_omni_ctx_t;
+typedef struct ngx_http_omni_stt_s       ngx_http_omni_stt_t;
 
 
 /* What a request asks the engine for, which decides the request and
@@ -72,8 +91,11 @@ typedef enum {
                                        health, metrics */
     NGX_HTTP_OMNI_KIND_CHAT,        /* messages in, chat.completion out */
     NGX_HTTP_OMNI_KIND_COMPLETION,  /* a prompt in, text_completion out */
-    NGX_HTTP_OMNI_KIND_SPEECH       /* input in, audio (or speech.audio.*
+    NGX_HTTP_OMNI_KIND_SPEECH,      /* input in, audio (or speech.audio.*
                                        SSE events) out */
+    NGX_HTTP_OMNI_KIND_TRANSCRIPTION
+                                    /* a multipart upload in, its
+                                       transcript out */
 } ngx_http_omni_kind_e;
 
 
@@ -124,6 +146,21 @@ typedef enum {
 } ngx_http_omni_fault_e;
 
 
+/* An audio input: what follows the REQUEST in AUDIO_IN frames, one of
+ * the engine's "audio_in" (engine/request/request.h). Strings are static
+ * or from r->pool, NUL-terminated. */
+typedef struct {
+    char                       *format;     /* "wav", "mp3", "flac", "opus",
+                                               "auto": a hint, the engine
+                                               sniffs */
+    char                       *param;      /* OpenAI's name for it, in the
+                                               engine's errors: "file",
+                                               "messages[0].content[1]
+                                               .input_audio" */
+    off_t                       bytes;
+} ngx_http_omni_audio_in_t;
+
+
 /* What the OpenAI request body said, once parsed. */
 typedef struct {
     ngx_str_t                   model;      /* as the client named it */
@@ -136,6 +173,18 @@ typedef struct {
                                                32 hex digits, minted here */
     ngx_str_t                   format;     /* audio out: the client's name
                                                of it ("pcm16", "mp3", ...) */
+    ngx_array_t                *audio_in;   /* ngx_http_omni_audio_in_t, in
+                                               the order their bytes go;
+                                               NULL: no audio in */
+    ngx_chain_t                *audio_bufs; /* their bytes: memory buffers,
+                                               or one buffer of the body's
+                                               temporary file */
+    ngx_chain_t               **audio_last;
+    off_t                       audio_skip; /* bytes at the start of
+                                               audio_bufs that are not
+                                               audio (the file case) */
+    off_t                       audio_bytes;
+                                            /* every input's bytes */
     unsigned                    stream:1;   /* speech: always */
     unsigned                    include_usage:1;
     unsigned                    audio:1;    /* chat: "audio" in modalities */
@@ -143,15 +192,64 @@ typedef struct {
 } ngx_http_omni_req_t;
 
 
+/* A transcription's response_format */
+typedef enum {
+    NGX_HTTP_OMNI_STT_JSON = 0,
+    NGX_HTTP_OMNI_STT_TEXT,
+    NGX_HTTP_OMNI_STT_SRT,
+    NGX_HTTP_OMNI_STT_VERBOSE_JSON,
+    NGX_HTTP_OMNI_STT_VTT
+} ngx_http_omni_stt_format_e;
+
+
+/* One TRANSCRIPT: a recognised utterance, and its words. */
+typedef struct {
+    ngx_str_t                   text;       /* no leading space */
+    double                      start;      /* seconds */
+    double                      end;
+    double                      avg_logprob;
+    ngx_uint_t                  word;       /* its first in stt->words */
+    ngx_uint_t                  nwords;
+} ngx_http_omni_segment_t;
+
+typedef struct {
+    ngx_str_t                   word;
+    double                      start;
+    double                      end;
+} ngx_http_omni_word_t;
+
+
+/* A transcription: its body's parser while the body arrives, what the
+ * fields asked for, and (not streaming) the segments until DONE. */
+struct ngx_http_omni_stt_s {
+    ngx_http_omni_mp_t         *mp;
+    ngx_http_omni_stt_format_e  format;
+    ngx_array_t                 segments;   /* ngx_http_omni_segment_t */
+    ngx_array_t                 words;      /* ngx_http_omni_word_t */
+    size_t                      held;       /* TRANSCRIPT bytes gathered */
+    ngx_uint_t                  deltas;     /* streaming: deltas sent */
+    unsigned                    segment_times:1;
+                                            /* verbose_json: "segments" */
+    unsigned                    word_times:1;
+                                            /* verbose_json: "words" */
+    unsigned                    language:1; /* "language" was given */
+};
+
+
 
 /* An endpoint's functions. parse: the body read into req (see
- * ngx_http_omni_parse()); reply: the engine's one answer frame made the
+ * ngx_http_omni_parse()); start: before the body is read, for a body the
+ * endpoint reads as it arrives (NGX_OK; NGX_DECLINED, err filled: the
+ * request is answered at once; NGX_ERROR), parse then gets no body;
+ * reply: the engine's one answer frame made the
  * response (ngx_http_omni_reply() and its kin); page: the body of nginx's
  * error page of the status for it, err->status and *type changed when the
  * page answers otherwise (NULL: out of memory). */
 typedef ngx_int_t (*ngx_http_omni_parse_pt)(ngx_http_request_t *r,
     ngx_http_omni_endpoint_t *ep, ngx_str_t *body, ngx_http_omni_req_t *req,
     ngx_http_omni_error_t *err);
+typedef ngx_int_t (*ngx_http_omni_start_pt)(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_http_omni_error_t *err);
 typedef ngx_int_t (*ngx_http_omni_reply_pt)(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, ngx_str_t *payload);
 typedef ngx_buf_t *(*ngx_http_omni_page_pt)(ngx_http_request_t *r,
@@ -176,6 +274,9 @@ struct ngx_http_omni_endpoint_s {
     ngx_str_t                   allow;      /* the same, for a 405's Allow */
     ngx_http_omni_kind_e        kind;
     ngx_http_omni_parse_pt      parse;      /* NULL: no body, discarded */
+    ngx_http_omni_start_pt      start;      /* NULL: the body is read whole
+                                               into memory for parse */
+    off_t                       max_body;   /* a larger body is a 413 */
     ngx_uint_t                  frame;      /* the engine frame it sends,
                                                OMNI_F_*; 0: not implemented
                                                yet, answered 501 */
@@ -191,7 +292,7 @@ struct ngx_http_omni_endpoint_s {
 };
 
 
-#define NGX_HTTP_OMNI_ENDPOINTS  7          /* ngx_http_omni_endpoints[]'s
+#define NGX_HTTP_OMNI_ENDPOINTS  8          /* ngx_http_omni_endpoints[]'s
                                                rows */
 
 extern ngx_http_omni_endpoint_t  ngx_http_omni_endpoints[];
@@ -242,6 +343,21 @@ struct ngx_http_omni_ctx_s {
                                                    sent */
     ngx_event_t                 keepalive;      /* idle SSE comment timer */
 
+    ngx_http_omni_stt_t        *stt;            /* a transcription's */
+
+    /* the AUDIO_IN upload (ngx_http_omni_audio_in.c): the request stream
+     * is the REQUEST frame, up_skip bytes that are not sent, the audio */
+    off_t                       up_request;     /* the REQUEST frame's
+                                                   bytes */
+    off_t                       up_off;         /* bytes of the stream seen
+                                                   by the output filter */
+    ngx_chain_t                *up_free;        /* frame headers and views
+                                                   of the audio, sent */
+    ngx_chain_t                *up_busy;        /* the same, being sent */
+    unsigned                    up_stopped:1;   /* the engine answered, or
+                                                   stopped reading: the rest
+                                                   is not sent */
+
     /* an error page of nginx's, replaced by JSON (output.c filters) */
     ngx_http_omni_error_t       err;            /* what the module knows
                                                    about it; status 0:
@@ -263,6 +379,8 @@ typedef struct {
     ngx_array_t                *api_keys;       /* of ngx_str_t, or NULL */
     ngx_str_t                   api_keys_file;
     ngx_uint_t                  speech_mode;    /* omni_speech_mode */
+    ngx_int_t                   max_audio_seconds;
+                                                /* omni_max_audio_seconds */
 } ngx_http_omni_loc_conf_t;
 
 
@@ -354,6 +472,12 @@ ngx_chain_t *ngx_http_omni_chunk_done(ngx_http_request_t *r,
     (sizeof("length\"}],\"usage\":}\n") - 1 + NGX_HTTP_OMNI_USAGE_LEN)
 
 u_char *ngx_http_omni_usage(u_char *p, ngx_http_omni_ctx_t *ctx);
+/* A double with at most frac (<= 9) decimals, the trailing zeros but one
+ * dropped: "-0.41", "2.0", at most NGX_HTTP_OMNI_DOUBLE_LEN bytes;
+ * outside +-1e15 (NaN, infinities) it is 0.0. */
+#define NGX_HTTP_OMNI_DOUBLE_LEN  (NGX_INT64_LEN + 12)
+
+u_char *ngx_http_omni_double(u_char *p, double v, ngx_uint_t frac);
 ngx_str_t ngx_http_omni_finish(ngx_http_omni_ctx_t *ctx);
 u_char *ngx_http_omni_completion_end(u_char *p, ngx_http_omni_ctx_t *ctx);
 /* The pieces of chat.completion.chunk events, for ngx_http_omni_audio.c:
@@ -568,6 +692,61 @@ char *ngx_http_omni_read_keys(ngx_conf_t *cf,
 ngx_int_t ngx_http_omni_too_large(ngx_http_request_t *r, off_t len,
     ngx_http_omni_error_t *err);
 void ngx_http_omni_body_handler(ngx_http_request_t *r);
+
+
+/* ngx_http_omni_transcribe.c
+ *
+ * POST /v1/audio/transcriptions in. The largest body it takes: the
+ * engine's largest audio upload and room for the other fields. start (the
+ * row's): the Content-Type's boundary and the body's parser, before the
+ * body is read; the request body filter (installed by _init) feeds it
+ * what nginx reads, so the body is parsed as it arrives, and a malformed
+ * or too large one is refused before the rest is read; parse (the row's):
+ * the fields, the engine's JSON, the file part's bytes as the audio. */
+#define NGX_HTTP_OMNI_MAX_UPLOAD                                              \
+    ((off_t) OMNI_MAX_AUDIO_IN_TOTAL + NGX_HTTP_OMNI_MP_KEPT + 65536)
+
+ngx_int_t ngx_http_omni_transcribe_start(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_http_omni_error_t *err);
+ngx_int_t ngx_http_omni_transcribe_parse(ngx_http_request_t *r,
+    ngx_http_omni_endpoint_t *ep, ngx_str_t *body, ngx_http_omni_req_t *req,
+    ngx_http_omni_error_t *err);
+ngx_int_t ngx_http_omni_transcribe_init(ngx_conf_t *cf);
+
+
+/* ngx_http_omni_transcript.c
+ *
+ * A transcription's TRANSCRIPT frames out. Not streaming: each gathered
+ * (NGX_DECLINED with err filled, a 500, past NGX_HTTP_OMNI_MAX_AUDIO
+ * bytes of them), then at DONE the body in the response_format asked
+ * for. Streaming: a transcript.text.delta event each, at DONE
+ * transcript.text.done and [DONE]. NGX_HTTP_UPSTREAM_INVALID_HEADER: the
+ * engine's JSON is not a TRANSCRIPT's. */
+ngx_int_t ngx_http_omni_transcript_gather(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_str_t *payload, ngx_http_omni_error_t *err);
+ngx_int_t ngx_http_omni_transcript_reply(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_str_t *payload);
+ngx_int_t ngx_http_omni_transcript_frame(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_str_t *payload);
+
+
+/* ngx_http_omni_audio_in.c
+ *
+ * An input added to req: its format and param (static or pool strings),
+ * its bytes (a chain of memory buffers, or one buffer of a temporary file
+ * whose first skip bytes are not its own; skip only for the first).
+ * The request chain's audio (create_request): its links after *ll, the
+ * upload's counters reset; the output filter that frames it (the
+ * upstream's u->output.output_filter, its ctx r); the engine answered or
+ * closed: what is left of the upload is dropped. */
+ngx_int_t ngx_http_omni_audio_in_add(ngx_http_request_t *r,
+    ngx_http_omni_req_t *req, char *format, char *param, ngx_chain_t *bufs,
+    off_t skip, off_t bytes);
+ngx_int_t ngx_http_omni_audio_in_request(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_chain_t **ll);
+ngx_int_t ngx_http_omni_audio_in_filter(void *data, ngx_chain_t *in);
+void ngx_http_omni_audio_in_stop(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx);
 
 
 /* ngx_http_omni_module.c: the endpoint of a request, its location's or

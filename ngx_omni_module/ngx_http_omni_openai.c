@@ -412,9 +412,68 @@ ngx_http_omni_usage(u_char *p, ngx_http_omni_ctx_t *ctx)
     }
 
     *p++ = '}';
+
+    /* audio in: its seconds beside the tokens (our key; SDKs keep keys
+     * they do not know) */
+
+    if (ctx->req.audio_in) {
+        p = ngx_cpymem(p, ",\"input_audio_seconds\":",
+                       sizeof(",\"input_audio_seconds\":") - 1);
+        p = ngx_http_omni_double(p, ctx->usage.input_audio_ms / 1000.0, 3);
+    }
+
     *p++ = '}';
 
     return p;
+}
+
+
+u_char *
+ngx_http_omni_double(u_char *p, double v, ngx_uint_t frac)
+{
+    u_char      *d;
+    uint64_t     n, scale;
+    ngx_uint_t   i;
+
+    if (!(v > -1e15 && v < 1e15)) {
+        v = 0;
+    }
+
+    for (scale = 1, i = 0; i < frac; i++) {
+        scale *= 10;
+    }
+
+    if (v < 0) {
+        n = (uint64_t) (-v * scale + 0.5);
+
+        if (n) {
+            *p++ = '-';
+        }
+
+    } else {
+        n = (uint64_t) (v * scale + 0.5);
+    }
+
+    p = ngx_sprintf(p, "%uL.", n / scale);
+
+    /* the decimals, then the zeros at their end dropped but one */
+
+    d = p;
+    n %= scale;
+
+    for (i = frac; i > 0; i--) {
+        d[i - 1] = (u_char) ('0' + n % 10);
+        n /= 10;
+    }
+
+    for (i = frac; i > 1 && d[i - 1] == '0'; i--) { /* void */ }
+
+    if (frac == 0) {
+        d[0] = '0';
+        i = 1;
+    }
+
+    return p + i;
 }
 
 

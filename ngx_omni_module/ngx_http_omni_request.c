@@ -45,18 +45,23 @@ static ngx_int_t ngx_http_omni_engine_request(ngx_http_request_t *r,
     ngx_http_omni_fields_t *f, ngx_http_omni_req_t *req,
     ngx_http_omni_error_t *err);
 static ngx_int_t ngx_http_omni_check_messages(ngx_http_request_t *r,
-    yajl_val root, ngx_http_omni_fields_t *f, ngx_http_omni_error_t *err);
+    yajl_val root, ngx_http_omni_fields_t *f, ngx_http_omni_req_t *req,
+    ngx_http_omni_error_t *err);
 static ngx_int_t ngx_http_omni_check_part(ngx_http_request_t *r,
-    size_t i, size_t j, yajl_val part, ngx_http_omni_error_t *err);
+    size_t i, size_t j, yajl_val m, yajl_val part, ngx_http_omni_req_t *req,
+    ngx_http_omni_error_t *err);
 static ngx_int_t ngx_http_omni_check_prompt(ngx_http_request_t *r,
     yajl_val root, ngx_http_omni_fields_t *f, ngx_http_omni_error_t *err);
 static ngx_int_t ngx_http_omni_check_stream(ngx_http_request_t *r,
     yajl_val root, ngx_http_omni_req_t *req, ngx_http_omni_error_t *err);
 
-static ngx_uint_t ngx_http_omni_gen_request(yajl_gen g,
-    ngx_http_omni_kind_e kind, yajl_val root,
-    ngx_http_omni_fields_t *f);
+static ngx_uint_t ngx_http_omni_gen_request(ngx_http_request_t *r,
+    yajl_gen g, ngx_http_omni_kind_e kind, yajl_val root,
+    ngx_http_omni_fields_t *f, ngx_http_omni_req_t *req);
 static ngx_uint_t ngx_http_omni_gen_messages(yajl_gen g, yajl_val msgs);
+static ngx_uint_t ngx_http_omni_gen_content(yajl_gen g, yajl_val content,
+    ngx_uint_t *k);
+static ngx_uint_t ngx_http_omni_is_part(yajl_val part, const char *type);
 
 static ngx_int_t ngx_http_omni_scan(ngx_http_request_t *r, ngx_str_t *body,
     ngx_http_omni_error_t *err);
@@ -221,7 +226,7 @@ ngx_http_omni_check_body(ngx_http_request_t *r, ngx_http_omni_kind_e kind,
     }
 
     rc = (kind == NGX_HTTP_OMNI_KIND_CHAT)
-         ? ngx_http_omni_check_messages(r, root, f, err)
+         ? ngx_http_omni_check_messages(r, root, f, req, err)
          : ngx_http_omni_check_prompt(r, root, f, err);
 
     if (rc == NGX_OK) {
@@ -293,12 +298,15 @@ ngx_http_omni_check_model(ngx_http_request_t *r, yajl_val root,
 
 
 /* messages: a non-empty array; each message's role and content are the
- * engine's to check, but media content parts are refused here, with the
- * part's path, because the engine only knows they are not text. */
+ * engine's to check, but media content parts are the module's: image and
+ * file parts are refused here, with the part's path, because the engine
+ * only knows they are not text; input_audio parts are decoded into the
+ * request's audio in. */
 
 static ngx_int_t
 ngx_http_omni_check_messages(ngx_http_request_t *r, yajl_val root,
-    ngx_http_omni_fields_t *f, ngx_http_omni_error_t *err)
+    ngx_http_omni_fields_t *f, ngx_http_omni_req_t *req,
+    ngx_http_omni_error_t *err)
 {
     size_t     i, j;
     yajl_val   v, m, c;
@@ -340,7 +348,8 @@ ngx_http_omni_check_messages(ngx_http_request_t *r, yajl_val root,
         }
 
         for (j = 0; j < c->u.array.len; j++) {
-            rc = ngx_http_omni_check_part(r, i, j, c->u.array.values[j], err);
+            rc = ngx_http_omni_check_part(r, i, j, m, c->u.array.values[j],
+                                          req, err);
             if (rc != NGX_OK) {
                 return rc;
             }
@@ -355,10 +364,11 @@ ngx_http_omni_check_messages(ngx_http_request_t *r, yajl_val root,
 
 static ngx_int_t
 ngx_http_omni_check_part(ngx_http_request_t *r, size_t i, size_t j,
-    yajl_val part, ngx_http_omni_error_t *err)
+    yajl_val m, yajl_val part, ngx_http_omni_req_t *req,
+    ngx_http_omni_error_t *err)
 {
     char      *param;
-    yajl_val   type;
+    yajl_val   type, role;
 
     if (!YAJL_IS_OBJECT(part)) {
         return NGX_OK;
@@ -379,10 +389,26 @@ ngx_http_omni_check_part(ngx_http_request_t *r, size_t i, size_t j,
         return NGX_ERROR;
     }
 
+    if (ngx_strcmp(type->u.string, "input_audio") == 0) {
+        role = ngx_http_omni_member(m, "role");
+
+        if (role == NULL || !YAJL_IS_STRING(role)
+            || ngx_strcmp(role->u.string, "user") != 0)
+        {
+            return ngx_http_omni_invalid(r, err, param, "invalid_value",
+                                         "Invalid '%s': audio input is "
+                                         "allowed in user messages only.",
+                                         param);
+        }
+
+        return ngx_http_omni_audio_in_part(r, i, j, part, req, err);
+    }
+
     return ngx_http_omni_invalid(r, err, param, "unsupported_value",
                                  "Unsupported value: content parts of type "
                                  "'%s' are not supported yet; only 'text' "
-                                 "parts are.", type->u.string);
+                                 "and 'input_audio' parts are.",
+                                 type->u.string);
 }
 
 
@@ -516,7 +542,7 @@ ngx_http_omni_engine_request(ngx_http_request_t *r,
     buf = NULL;
     len = 0;
 
-    s = ngx_http_omni_gen_request(g, kind, root, f);
+    s = ngx_http_omni_gen_request(r, g, kind, root, f, req);
 
     if (s == yajl_gen_status_ok) {
         s = yajl_gen_get_buf(g, &buf, &len);
@@ -558,14 +584,16 @@ ngx_http_omni_engine_request(ngx_http_request_t *r,
 
 /*
  * {"model", "messages" | "prompt", "max_tokens", sampling fields as given,
- *  "cache_salt", "seed", "audio" when spoken}; speech: {"model", "input",
+ *  "cache_salt", "seed", "audio" when spoken, "audio_in" and
+ *  "max_audio_seconds" with audio in}; speech: {"model", "input",
  *  "audio"}. The yajl_gen statuses are or-ed:
  * yajl_gen_status_ok is 0, so any failure leaves the result nonzero.
  */
 
 static ngx_uint_t
-ngx_http_omni_gen_request(yajl_gen g, ngx_http_omni_kind_e kind,
-    yajl_val root, ngx_http_omni_fields_t *f)
+ngx_http_omni_gen_request(ngx_http_request_t *r, yajl_gen g,
+    ngx_http_omni_kind_e kind, yajl_val root, ngx_http_omni_fields_t *f,
+    ngx_http_omni_req_t *req)
 {
     yajl_val     v;
     ngx_uint_t   i, s;
@@ -619,23 +647,28 @@ ngx_http_omni_gen_request(yajl_gen g, ngx_http_omni_kind_e kind,
     s |= ngx_http_omni_gen_str(g, "seed");
     s |= yajl_gen_integer(g, (long long) f->seed);
 
+    if (req->audio_in) {
+        s |= ngx_http_omni_gen_audio_in(r, g, req);
+    }
+
     s |= yajl_gen_map_close(g);
 
     return s;
 }
 
 
-/* Each message's role, content and audio as given (the engine maps "developer"
- * and joins text parts); a message that is not an object goes as it is,
- * for the engine to name. */
+/* Each message's role, content and audio as given (the engine maps
+ * "developer" and joins text parts), but for input_audio parts; a message
+ * that is not an object goes as it is, for the engine to name. */
 
 static ngx_uint_t
 ngx_http_omni_gen_messages(yajl_gen g, yajl_val msgs)
 {
     size_t      i;
     yajl_val    m, v;
-    ngx_uint_t  s;
+    ngx_uint_t  s, k;
 
+    k = 0;
     s = yajl_gen_array_open(g);
 
     for (i = 0; i < msgs->u.array.len; i++) {
@@ -659,7 +692,7 @@ ngx_http_omni_gen_messages(yajl_gen g, yajl_val msgs)
 
         if (v != NULL) {
             s |= ngx_http_omni_gen_str(g, "content");
-            s |= ngx_http_omni_gen_value(g, v);
+            s |= ngx_http_omni_gen_content(g, v, &k);
         }
 
         /* an earlier spoken answer, {"id": ...}: the engine puts its
@@ -681,3 +714,53 @@ ngx_http_omni_gen_messages(yajl_gen g, yajl_val msgs)
 }
 
 
+/* A message's content as given, its input_audio parts as
+ * {"type": "input_audio", "index": k}: the k-th input of "audio_in", in
+ * the order ngx_http_omni_check_messages() decoded them. */
+
+static ngx_uint_t
+ngx_http_omni_gen_content(yajl_gen g, yajl_val content, ngx_uint_t *k)
+{
+    size_t      j;
+    yajl_val    part;
+    ngx_uint_t  s;
+
+    if (!YAJL_IS_ARRAY(content)) {
+        return ngx_http_omni_gen_value(g, content);
+    }
+
+    s = yajl_gen_array_open(g);
+
+    for (j = 0; j < content->u.array.len; j++) {
+        part = content->u.array.values[j];
+
+        if (!ngx_http_omni_is_part(part, "input_audio")) {
+            s |= ngx_http_omni_gen_value(g, part);
+            continue;
+        }
+
+        s |= yajl_gen_map_open(g);
+        s |= ngx_http_omni_gen_str(g, "type");
+        s |= ngx_http_omni_gen_str(g, "input_audio");
+        s |= ngx_http_omni_gen_str(g, "index");
+        s |= yajl_gen_integer(g, (long long) (*k)++);
+        s |= yajl_gen_map_close(g);
+    }
+
+    return s | yajl_gen_array_close(g);
+}
+
+
+static ngx_uint_t
+ngx_http_omni_is_part(yajl_val part, const char *type)
+{
+    yajl_val  t;
+
+    if (!YAJL_IS_OBJECT(part)) {
+        return 0;
+    }
+
+    t = ngx_http_omni_member(part, "type");
+
+    return t != NULL && YAJL_IS_STRING(t) && ngx_strcmp(t->u.string, type) == 0;
+}

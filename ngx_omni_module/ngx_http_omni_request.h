@@ -77,6 +77,14 @@ ngx_int_t ngx_http_omni_check_chat_audio(ngx_http_request_t *r,
     yajl_val root, ngx_uint_t audio, ngx_http_omni_fields_t *f,
     ngx_http_omni_req_t *req, ngx_http_omni_error_t *err);
 ngx_uint_t ngx_http_omni_gen_audio(yajl_gen g, ngx_http_omni_speech_t *sp);
+/* ngx_http_omni_audio_in.c: an input_audio content part (part j of
+ * message i), its base64 decoded into an input of req; the engine's
+ * "audio_in" and "max_audio_seconds" members (a yajl_gen status). */
+ngx_int_t ngx_http_omni_audio_in_part(ngx_http_request_t *r, size_t i,
+    size_t j, yajl_val part, ngx_http_omni_req_t *req,
+    ngx_http_omni_error_t *err);
+ngx_uint_t ngx_http_omni_gen_audio_in(ngx_http_request_t *r, yajl_gen g,
+    ngx_http_omni_req_t *req);
 ngx_int_t ngx_http_omni_check_tools(ngx_http_request_t *r,
     yajl_val root, ngx_http_omni_error_t *err);
 ngx_int_t ngx_http_omni_check_legacy(ngx_http_request_t *r,

@@ -35,10 +35,11 @@ static ngx_int_t ngx_http_omni_stream_done(ngx_http_request_t *r,
 /*
  * A stream starts with the first frame that is part of it, left in the
  * buffer for the input filter: TEXT or DONE; AUDIO when the answer is
- * spoken. Speech has no text out: a TEXT before its audio is read and
- * dropped (ngx_http_omni_header_frame()). NGX_OK: the header is set;
- * NGX_AGAIN: no whole frame header yet; NGX_DECLINED: the parser reads
- * this frame; NGX_ERROR.
+ * spoken; TRANSCRIPT (not TEXT) for a transcription. Speech has no text
+ * out: a TEXT before its audio is read and dropped
+ * (ngx_http_omni_header_frame()). NGX_OK: the header is set; NGX_AGAIN:
+ * no whole frame header yet; NGX_DECLINED: the parser reads this frame;
+ * NGX_ERROR.
  */
 
 ngx_int_t
@@ -46,11 +47,13 @@ ngx_http_omni_stream_start(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
 {
     size_t                n;
     ngx_buf_t            *b;
+    ngx_uint_t            stt;
     OmniFrameHdr          h;
     ngx_http_upstream_t  *u;
 
     static ngx_str_t  cache_key = ngx_string("Cache-Control");
     static ngx_str_t  cache_value = ngx_string("no-cache");
+    static ngx_str_t  cache_stt = ngx_string("no-store");
     static ngx_str_t  sse_type = ngx_string("text/event-stream; "
                                             "charset=utf-8");
 
@@ -81,10 +84,13 @@ ngx_http_omni_stream_start(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
 
     omni_hdr_decode(&h, b->pos);
 
+    stt = (ctx->endpoint->kind == NGX_HTTP_OMNI_KIND_TRANSCRIPTION);
+
     if (omni_frame_check(&h, OMNI_DIR_TO_CLIENT) != NULL
         || !(h.type == OMNI_F_DONE
              || (h.type == OMNI_F_AUDIO && ngx_http_omni_spoken(ctx))
-             || (h.type == OMNI_F_TEXT
+             || (h.type == OMNI_F_TRANSCRIPT && stt)
+             || (h.type == OMNI_F_TEXT && !stt
                  && ctx->endpoint->kind != NGX_HTTP_OMNI_KIND_SPEECH)))
     {
         return NGX_DECLINED;
@@ -107,7 +113,9 @@ ngx_http_omni_stream_start(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
         ngx_http_omni_set_content_type(r, &sse_type);
     }
 
-    if (ngx_http_omni_add_header(r, &cache_key, &cache_value) != NGX_OK
+    if (ngx_http_omni_add_header(r, &cache_key,
+                                 stt ? &cache_stt : &cache_value)
+        != NGX_OK
         || ngx_http_omni_seed_header(r, ctx) != NGX_OK)
     {
         return NGX_ERROR;
@@ -174,6 +182,10 @@ ngx_http_omni_input_filter(void *data, ssize_t bytes)
         }
 
         if (ctx->done) {
+
+            /* the engine answered: it reads no more of an upload */
+
+            ngx_http_omni_audio_in_stop(r, ctx);
             u->length = 0;
             break;
         }
@@ -198,6 +210,12 @@ ngx_http_omni_stream_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
             || ctx->frame.type == OMNI_F_DONE))
     {
         return ngx_http_omni_audio_frame(r, ctx, payload);
+    }
+
+    if (ctx->endpoint->kind == NGX_HTTP_OMNI_KIND_TRANSCRIPTION
+        && ctx->frame.type != OMNI_F_ERROR)
+    {
+        return ngx_http_omni_transcript_frame(r, ctx, payload);
     }
 
     switch (ctx->frame.type) {

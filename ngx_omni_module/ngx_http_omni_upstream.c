@@ -9,7 +9,9 @@
  * machinery.
  *
  * create_request writes one frame: REQUEST with the engine's JSON, or an
- * empty MODELS, HEALTH or METRICS control frame. Frames coming back
+ * empty MODELS, HEALTH or METRICS control frame; a request with audio in
+ * is followed by its bytes, which the output filter of
+ * ngx_http_omni_audio_in.c frames as AUDIO_IN. Frames coming back
  * (engine/proto/omni_proto.h) are read by one resumable parser: a frame may be
  * split across reads and one read may hold several; every header is
  * checked with omni_frame_check() before its payload is gathered.
@@ -66,12 +68,14 @@ ngx_http_omni_upstream_create(ngx_http_request_t *r,
     ngx_http_omni_loc_conf_t *olcf)
 {
     ngx_http_upstream_t  *u;
+    ngx_http_omni_ctx_t  *ctx;
 
     if (ngx_http_upstream_create(r) != NGX_OK) {
         return NGX_ERROR;
     }
 
     u = r->upstream;
+    ctx = ngx_http_get_module_ctx(r, ngx_http_omni_module);
 
     ngx_str_set(&u->schema, "omni://");
     u->output.tag = (ngx_buf_tag_t) &ngx_http_omni_module;
@@ -89,6 +93,19 @@ ngx_http_omni_upstream_create(ngx_http_request_t *r,
     u->input_filter_ctx = r;
 
     u->buffering = olcf->upstream.buffering;
+
+    if (ctx->req.audio_in) {
+        u->output.output_filter = ngx_http_omni_audio_in_filter;
+        u->output.filter_ctx = r;
+
+        /* an engine that answers before it has read all of an upload (an
+         * ERROR) closes its end: the broken pipe of the next write is
+         * expected, and what the engine said is read on the other side;
+         * one that just closes is logged there ("upstream prematurely
+         * closed connection") */
+
+        u->peer.log_error = NGX_ERROR_INFO;
+    }
 
     return NGX_OK;
 }
@@ -156,6 +173,13 @@ ngx_http_omni_create_request(ngx_http_request_t *r)
 
         cl->next->buf = b;
         cl->next->next = NULL;
+
+        if (ctx->req.audio_in
+            && ngx_http_omni_audio_in_request(r, ctx, &cl->next->next)
+               != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
     }
 
     ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
@@ -191,6 +215,20 @@ ngx_http_omni_reinit_request(ngx_http_request_t *r)
     ctx->out = NULL;
     ctx->err.status = 0;
 
+    /* the audio goes again from its start (the request chain is reset by
+     * nginx); a transcript begun is dropped */
+
+    ctx->up_off = 0;
+    ctx->up_busy = NULL;
+    ctx->up_stopped = 0;
+
+    if (ctx->stt) {
+        ctx->stt->segments.nelts = 0;
+        ctx->stt->words.nelts = 0;
+        ctx->stt->held = 0;
+        ctx->stt->deltas = 0;
+    }
+
     return NGX_OK;
 }
 
@@ -224,12 +262,16 @@ ngx_http_omni_process_header(ngx_http_request_t *r)
         if (rc == NGX_AGAIN) {
 
             /* all bytes are consumed: the buffer is free again, and the
-             * read timeout runs from this frame on */
+             * read timeout runs from this frame on (once the request is
+             * all sent: during an upload the send timeout runs) */
 
             b->pos = b->start;
             b->last = b->start;
 
-            ngx_add_timer(u->peer.connection->read, u->conf->read_timeout);
+            if (u->request_body_sent) {
+                ngx_add_timer(u->peer.connection->read,
+                              u->conf->read_timeout);
+            }
 
             return NGX_AGAIN;
         }
@@ -239,6 +281,13 @@ ngx_http_omni_process_header(ngx_http_request_t *r)
         }
 
         rc = ngx_http_omni_header_frame(r, ctx, &payload);
+
+        if (ctx->done) {
+
+            /* the engine answered: it reads no more of an upload */
+
+            ngx_http_omni_audio_in_stop(r, ctx);
+        }
 
         if (rc != NGX_AGAIN) {
             return rc;
@@ -277,8 +326,22 @@ ngx_http_omni_header_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 
     switch (ctx->frame.type) {
 
+    case OMNI_F_TRANSCRIPT:
+        if (!completion || ep->kind != NGX_HTTP_OMNI_KIND_TRANSCRIPTION) {
+            break;
+        }
+
+        rc = ngx_http_omni_transcript_gather(r, ctx, payload, &err);
+
+        if (rc == NGX_DECLINED) {
+            ctx->done = 1;
+            return ngx_http_omni_reply_error(r, ctx, &err);
+        }
+
+        return (rc == NGX_OK) ? NGX_AGAIN : rc;
+
     case OMNI_F_TEXT:
-        if (!completion) {
+        if (!completion || ep->kind == NGX_HTTP_OMNI_KIND_TRANSCRIPTION) {
             break;
         }
 
@@ -309,6 +372,10 @@ ngx_http_omni_header_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     case OMNI_F_DONE:
         if (!completion) {
             break;
+        }
+
+        if (ep->kind == NGX_HTTP_OMNI_KIND_TRANSCRIPTION) {
+            return ngx_http_omni_transcript_reply(r, ctx, payload);
         }
 
         if (omni_done_decode(&ctx->usage, payload->data) != 0) {

@@ -6,14 +6,22 @@
 #   t/fuzz/http_body.pl --replay S:W.N      # one case again, verbosely
 #
 # Each case is one connection: 1-3 requests (pipelined) to
-# /v1/chat/completions or /v1/completions through one of several
-# locations (client_body_buffer_size 128, client_body_in_file_only,
-# client_body_in_single_buffer, omni_api_keys), with
+# /v1/chat/completions, /v1/completions or /v1/audio/transcriptions
+# through one of several locations (client_body_buffer_size 128,
+# client_body_in_file_only, client_body_in_single_buffer, omni_api_keys),
+# with
 #
 #   bodies   valid requests (streamed or not, unicode, 900 KB of ignored
 #            padding), and invalid ones: truncated, mutated, binary,
 #            invalid UTF-8, NUL and \u0000, deeply nested, wrong types,
-#            empty, over client_max_body_size;
+#            empty, over client_max_body_size; for transcriptions valid
+#            multipart/form-data in the three SDKs' framings (boundaries
+#            bare, quoted, long; names bare or quoted; file first, last
+#            or between; text parts with a Content-Type; a file of 0 to
+#            200 KB holding CRs, "\r\n--" and boundary prefixes), and
+#            invalid: truncated anywhere, bytes mutated, a wrong or
+#            missing boundary, a missing Content-Disposition or name,
+#            bare LFs, no or another Content-Type;
 #   framing  Content-Length right, short, long, zero, absent; chunked with
 #            random chunk sizes, hex case, leading zeros, extensions,
 #            trailers, and invalid sizes or CRLFs; both headers; an unknown
@@ -25,13 +33,18 @@
 #            whole, or once the answer starts).
 #
 # Asserted, per response: no 5xx but 503 (the engine is overloaded or not
-# ready: the engine's fault, not the client's) and 501 for an unknown
-# Transfer-Encoding (nginx's own answer, RFC 9112 6.1); JSON errors are
+# ready: the engine's fault, not the client's), 501 for an unknown
+# Transfer-Encoding (nginx's own answer, RFC 9112 6.1) and 501
+# audio_input_unavailable for a transcription (an engine without its
+# listener stage says so); JSON errors are
 # OpenAI error objects; WWW-Authenticate on 401 only, and no key in an
 # answer; a 200 is a whole completion (JSON, or SSE ending in [DONE]).
 # Per request the case knows the answer to: a valid request on a clean
 # connection gets its completion; an empty body 400 "could not parse"; a
-# bad key 401; a wrong method 405; an unknown model 404. Throughout (the
+# bad key 401; a wrong method 405; an unknown model 404; a multipart body
+# that is certainly malformed a 400, and a well-formed one never the
+# module's 400 for a malformed body (the parser misreading a framing).
+# Throughout (the
 # parent process, every 0.5 s): nginx's worker pids do not change, the
 # error log has no "exited on signal", [alert], [crit] or [emerg], no
 # [error] from the module and none from nginx but the three a client
@@ -259,6 +272,121 @@ sub invalid_body {
     return ($b, { kind => $b eq '' ? 'empty' : 'invalid', what => $what });
 }
 
+# --- multipart bodies (transcriptions) -------------------------------------
+
+my @BCHARS = ('a' .. 'z', 'A' .. 'Z', '0' .. '9');
+
+sub boundary {
+    my $k = rnd(4);
+    return join('', map { sprintf '%x', rnd(16) } 1 .. 32) if $k == 0;
+    return 'openai-' . join('', map { pick(@BCHARS) } 1 .. 16) if $k == 1;
+    return '----WebKitFormBoundary' . join('', map { pick(@BCHARS) } 1 .. 16)
+        if $k == 2;
+    return '=_' . join('', map { pick(@BCHARS, '=', '_', '-', '.') }
+                           1 .. 1 + rnd(68));
+}
+
+sub bytes_of {
+    my ($t) = @_;
+    utf8::encode($t);
+    return $t;
+}
+
+# file bytes a careless scanner trips on
+sub stt_file {
+    my ($b) = @_;
+    my $n = pick(0, 1, 2, 100, 3000, 3000, 70_000, 200_000);
+    my @tricks = ("\r", "\n", "\r\n", "\r\n-", "\r\n--", "--$b",
+                  "\r\n--" . substr($b, 0, rnd(length $b)), "\r\r\n--\r\n");
+    my $f = '';
+    while (length $f < $n) {
+        $f .= pick('RIFF', 'ID3', 'OggS', "\xff\xfb", '')
+              . join('', map { chr(rnd(256)) } 1 .. 1 + rnd(300))
+              . pick(@tricks);
+    }
+    $f = substr($f, 0, $n);
+
+    # the delimiter itself may not be in the data (RFC 2046 5.1.1: the
+    # boundary is chosen so); its prefixes and "--" may
+    $f =~ s/\r\n--(?=\Q$b\E)/\r\n-_/g;
+    return $f;
+}
+
+# A well-formed transcription body: (body, boundary, info).
+sub stt_parts {
+    my $b = boundary();
+    my @p = (['model', pick($MODEL, 'whisper-1', 'gpt-4o-transcribe')]);
+    my $fmt = chance(0.5) ? pick(qw(json text srt vtt verbose_json)) : undef;
+    push @p, ['response_format', $fmt] if $fmt;
+    push @p, ['timestamp_granularities[]', pick('word', 'segment')]
+        if ($fmt // '') eq 'verbose_json' && chance(0.5);
+    push @p, ['stream', pick('true', 'false', 'True')] if chance(0.3);
+    push @p, ['language', pick('en', 'EN')] if chance(0.2);
+    push @p, ['prompt', bytes_of(text(40))] if chance(0.2);
+    push @p, ['temperature', pick('0', '0.4', '1')] if chance(0.2);
+    push @p, ['include[]', 'logprobs'] if chance(0.1);
+    push @p, ['chunking_strategy', pick('auto', '{"type":"server_vad"}')]
+        if chance(0.1);
+    push @p, ['x_unknown_' . rnd(9), bytes_of(text(20))] if chance(0.1);
+    @p = sort { rnd(3) - 1 } @p if chance(0.3);
+    my $file = stt_file($b);
+    my $at = pick(0, scalar @p, rnd(@p + 1));
+    splice(@p, $at, 0, ['file', $file,
+                        filename => pick('a.wav', 'dir/b.mp3', 'C:\\x\\c.flac',
+                                         'd.ogg', 'e.webm', 'noext', undef)]);
+    my $body = '';
+    for my $q (@p) {
+        my ($name, $value, %o) = @$q;
+        my $bare = $name !~ /\[/ && chance(0.3);
+        $body .= "--$b\r\nContent-Disposition: form-data; "
+                 . ($bare ? "name=$name" : qq{name="$name"});
+        $body .= qq{; filename="$o{filename}"} if defined $o{filename};
+        $body .= "\r\n";
+        $body .= pick('Content-Type: text/plain; charset=utf-8',
+                      'Content-Type: application/octet-stream',
+                      'Content-Transfer-Encoding: binary') . "\r\n"
+            if chance(0.3);
+        $body .= "\r\n$value\r\n";
+    }
+    $body .= "--$b--" . pick("\r\n", '', "\r\nepilogue\r\n");
+    return ($body, $b, { kind => length $file ? 'stt' : 'stt400',
+                         what => 'multipart' });
+}
+
+# A transcription body, valid or broken: (body, Content-Type or undef,
+# info); kind stt400 when it is certainly refused.
+sub stt_body {
+    my ($body, $b, $info) = stt_parts();
+    my $type = "multipart/form-data; boundary="
+               . ($b =~ /=/ || chance(0.3) ? qq{"$b"} : $b);
+    return ($body, $type, $info) if chance(0.6);
+    my $what = pick(qw(truncate mutate boundary notype json nocd noname lf
+                       empty));
+    if ($what eq 'truncate') {
+        $body = substr($body, 0, rnd(rindex($body, "--$b--") + 2));
+    } elsif ($what eq 'mutate') {
+        for (1 .. 1 + rnd(5)) {
+            substr($body, rnd(length $body), 1, chr(rnd(256)));
+        }
+    } elsif ($what eq 'boundary') {
+        $type = "multipart/form-data; boundary=" . boundary();
+    } elsif ($what eq 'notype') {
+        $type = undef;
+    } elsif ($what eq 'json') {
+        $type = 'application/json';
+    } elsif ($what eq 'nocd') {
+        $body =~ s/Content-Disposition: form-data; name="?model"?/X-Y: z/;
+    } elsif ($what eq 'noname') {
+        $body =~ s/form-data; name="?model"?/form-data; x=1/;
+    } elsif ($what eq 'lf') {
+        $body =~ s/(name="?model"?)\r\n/$1\n/;
+    } else {
+        $body = '';
+    }
+    return ($body, $type, { kind => $what eq 'mutate' ? 'invalid' : 'stt400',
+                            what => "multipart-$what" });
+}
+
 # The body framed: headers to add, the bytes after the header, and what
 # the framing does to the connection.
 sub frame_body {
@@ -345,11 +473,12 @@ sub frame_body {
 # the framing leaves the connection usable, ... }.
 sub gen_request {
     my ($last) = @_;
-    my $endpoint = pick('chat', 'completions');
+    my $endpoint = pick('chat', 'chat', 'completions', 'completions', 'stt');
     my $loc = pick('/v1/', '/v1/', '/small/v1/', '/file/v1/', '/single/v1/',
                    '/auth/v1/');
     my $path = $loc . ($endpoint eq 'chat' ? 'chat/completions'
-                                           : 'completions');
+                       : $endpoint eq 'stt' ? 'audio/transcriptions'
+                                            : 'completions');
     my $method = 'POST';
     my $route_error;
     if (chance(0.04)) {
@@ -359,11 +488,17 @@ sub gen_request {
         $path = $loc . 'no/such/endpoint';
         $route_error = 404;
     }
-    my ($body, $info) = chance(0.6) ? valid_body($endpoint)
-                                    : invalid_body($endpoint);
+    my ($body, $info, $type);
+    if ($endpoint eq 'stt') {
+        ($body, $type, $info) = stt_body();
+    } else {
+        ($body, $info) = chance(0.6) ? valid_body($endpoint)
+                                     : invalid_body($endpoint);
+        $type = 'application/json' if chance(0.7);
+    }
     my $f = frame_body($body, $last);
     my @h = @{ $f->{headers} };
-    push @h, 'Content-Type: application/json' if chance(0.7);
+    push @h, "Content-Type: $type" if defined $type;
     my $auth;
     if ($loc eq '/auth/v1/') {
         $auth = pick('right', 'right', 'right', 'none', 'wrong', 'bearer',
@@ -415,6 +550,9 @@ sub gen_request {
         $e = 401;
     } elsif ($big) {
         $e = 413;
+    } elsif ($endpoint eq 'stt') {
+        $e = ($f->{empty} || $info->{kind} eq 'stt400') ? 'stt400'
+           : $info->{kind} eq 'stt' ? 'transcription' : undef;
     } elsif ($f->{empty} || $info->{kind} eq 'empty') {
         $e = 'parse400';
     } elsif ($info->{kind} eq 'model404') {
@@ -516,8 +654,26 @@ sub run_case {
     return ($raw, $eof ? undef : 'no end of the answer within 30 s');
 }
 
+# A whole transcription: SSE to [DONE], JSON with its text, or text/plain.
+sub is_transcription {
+    my ($resp) = @_;
+    my $type = $resp->{headers}{'content-type'} // '';
+    if ($type =~ m{^text/event-stream}) {
+        return 'SSE not ending in [DONE]'
+            unless $resp->{body} =~ /(?:^|\n\n)data: \[DONE\]\n\n\z/;
+        return 'an error event' if $resp->{body} =~ /^data: \{"error"/m;
+        return undef;
+    }
+    return undef if $type =~ m{^text/plain};
+    my $j = eval { JSON::PP->new->utf8->decode($resp->{body}) };
+    return "not a transcription: $resp->{body}"
+        unless ref $j eq 'HASH' && defined $j->{text};
+    return undef;
+}
+
 sub is_completion {
     my ($resp, $req) = @_;
+    return is_transcription($resp) if $req->{endpoint} eq 'stt';
     my $type = $resp->{headers}{'content-type'} // '';
     if ($type =~ m{^text/event-stream}) {
         return 'SSE not ending in [DONE]'
@@ -563,7 +719,9 @@ sub check_case {
         my $type = $p->{headers}{'content-type'} // '';
         if ($st >= 500
             && !($st == 503 && $type =~ /json/)
-            && !($st == 501 && grep { $_->{te_unknown} } @$reqs))
+            && !($st == 501 && grep { $_->{te_unknown} } @$reqs)
+            && !($st == 501 && $q && $q->{endpoint} eq 'stt'
+                 && $p->{body} =~ /"code":"audio_input_unavailable"/))
         {
             push @fail, "answer $i: $st";
         }
@@ -582,7 +740,7 @@ sub check_case {
         push @fail, "answer $i: an API key in the answer"
             if $p->{body} =~ /sk-fuzz|LLLLLLLL/;
         if ($st == 200 && $q && $q->{method} eq 'POST' && $p->{complete}
-            && $q->{path} =~ /completions$/)
+            && $q->{path} =~ /(?:completions|transcriptions)$/)
         {
             my $why = is_completion($p, $q);
             push @fail, "answer $i: 200, $why" if $why;
@@ -595,6 +753,19 @@ sub check_case {
             if ($e eq 'completion') {
                 push @fail, "answer $i: $st, not a completion: "
                             . substr($p->{body}, 0, 300) if $st != 200;
+            } elsif ($e eq 'transcription') {
+
+                # the engine's answer, whatever the audio, but never the
+                # module's refusal of a well-formed body
+                push @fail, "answer $i: $st for a well-formed multipart "
+                            . "body: " . substr($p->{body}, 0, 300)
+                    if ($st != 200 && $st != 400 && $st != 501)
+                       || $p->{body} =~ /Invalid multipart|Content-Type/;
+            } elsif ($e eq 'stt400') {
+                my $j = eval { JSON::PP->new->utf8->decode($p->{body}) };
+                push @fail, "answer $i: $st, not a 400 for a malformed "
+                            . "multipart body"
+                    unless $st == 400 && ref $j eq 'HASH' && $j->{error};
             } elsif ($e eq 'parse400') {
                 my $j = eval { JSON::PP->new->utf8->decode($p->{body}) };
                 push @fail, "answer $i: $st, not 400 'could not parse'"
