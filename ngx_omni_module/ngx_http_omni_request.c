@@ -522,27 +522,19 @@ ngx_http_omni_check_stream(ngx_http_request_t *r, yajl_val root,
 
 /* ---- the engine request ---- */
 
-static ngx_int_t
-ngx_http_omni_engine_request(ngx_http_request_t *r,
-    ngx_http_omni_kind_e kind, yajl_val root,
-    ngx_http_omni_fields_t *f, ngx_http_omni_req_t *req,
-    ngx_http_omni_error_t *err)
+/* the generator's text (s: its status so far) into req->engine, from the
+ * request pool; over the wire protocol's REQUEST limit it is a 413 */
+
+ngx_int_t
+ngx_http_omni_engine_json(ngx_http_request_t *r, yajl_gen g, ngx_uint_t s,
+    ngx_http_omni_req_t *req, ngx_http_omni_error_t *err)
 {
     size_t                len;
-    yajl_gen              g;
     ngx_int_t             rc;
-    ngx_uint_t            s;
     const unsigned char  *buf;
-
-    g = yajl_gen_alloc(NULL);
-    if (g == NULL) {
-        return NGX_ERROR;
-    }
 
     buf = NULL;
     len = 0;
-
-    s = ngx_http_omni_gen_request(r, g, kind, root, f, req);
 
     if (s == yajl_gen_status_ok) {
         s = yajl_gen_get_buf(g, &buf, &len);
@@ -551,24 +543,48 @@ ngx_http_omni_engine_request(ngx_http_request_t *r,
     if (s != yajl_gen_status_ok) {
         ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
                       "omni yajl_gen failed: %ui", s);
-        rc = NGX_ERROR;
+        return NGX_ERROR;
+    }
 
-    } else if (len > OMNI_MAX_REQUEST) {
+    if (len > OMNI_MAX_REQUEST) {
         rc = ngx_http_omni_invalid(r, err, NULL, NULL,
                                    "The request is too large: %uz bytes "
                                    "for the engine, at most %uD.",
                                    len, (uint32_t) OMNI_MAX_REQUEST);
         err->status = NGX_HTTP_REQUEST_ENTITY_TOO_LARGE;
-
-    } else {
-        req->engine.data = ngx_pnalloc(r->pool, len);
-        rc = (req->engine.data == NULL) ? NGX_ERROR : NGX_OK;
-
-        if (rc == NGX_OK) {
-            ngx_memcpy(req->engine.data, buf, len);
-            req->engine.len = len;
-        }
+        return rc;
     }
+
+    req->engine.data = ngx_pnalloc(r->pool, len);
+    if (req->engine.data == NULL) {
+        return NGX_ERROR;
+    }
+
+    ngx_memcpy(req->engine.data, buf, len);
+    req->engine.len = len;
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_omni_engine_request(ngx_http_request_t *r,
+    ngx_http_omni_kind_e kind, yajl_val root,
+    ngx_http_omni_fields_t *f, ngx_http_omni_req_t *req,
+    ngx_http_omni_error_t *err)
+{
+    yajl_gen    g;
+    ngx_int_t   rc;
+    ngx_uint_t  s;
+
+    g = yajl_gen_alloc(NULL);
+    if (g == NULL) {
+        return NGX_ERROR;
+    }
+
+    s = ngx_http_omni_gen_request(r, g, kind, root, f, req);
+
+    rc = ngx_http_omni_engine_json(r, g, s, req, err);
 
     yajl_gen_free(g);
 

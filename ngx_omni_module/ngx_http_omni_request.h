@@ -85,6 +85,10 @@ ngx_int_t ngx_http_omni_audio_in_part(ngx_http_request_t *r, size_t i,
     ngx_http_omni_error_t *err);
 ngx_uint_t ngx_http_omni_gen_audio_in(ngx_http_request_t *r, yajl_gen g,
     ngx_http_omni_req_t *req);
+/* ngx_http_omni_request.c: a generated engine request (s: the yajl_gen
+ * status so far) into req->engine; a 413 over the REQUEST frame limit. */
+ngx_int_t ngx_http_omni_engine_json(ngx_http_request_t *r, yajl_gen g,
+    ngx_uint_t s, ngx_http_omni_req_t *req, ngx_http_omni_error_t *err);
 ngx_int_t ngx_http_omni_check_tools(ngx_http_request_t *r,
     yajl_val root, ngx_http_omni_error_t *err);
 ngx_int_t ngx_http_omni_check_legacy(ngx_http_request_t *r,

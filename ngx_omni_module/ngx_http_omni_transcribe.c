@@ -67,7 +67,8 @@ static ngx_int_t ngx_http_omni_stt_audio(ngx_http_request_t *r,
 static char *ngx_http_omni_stt_hint(ngx_str_t *filename);
 static ngx_int_t ngx_http_omni_stt_engine(ngx_http_request_t *r,
     ngx_str_t *model, ngx_str_t *language, ngx_str_t *prompt,
-    ngx_http_omni_stt_t *stt, ngx_http_omni_req_t *req);
+    ngx_http_omni_stt_t *stt, ngx_http_omni_req_t *req,
+    ngx_http_omni_error_t *err);
 
 
 static ngx_http_request_body_filter_pt  ngx_http_omni_next_request_body_filter;
@@ -359,7 +360,8 @@ ngx_http_omni_transcribe_parse(ngx_http_request_t *r,
     }
 
     if (rc == NGX_OK) {
-        rc = ngx_http_omni_stt_engine(r, model, &language, &prompt, stt, req);
+        rc = ngx_http_omni_stt_engine(r, model, &language, &prompt, stt, req,
+                                      err);
     }
 
     return rc;
@@ -828,13 +830,11 @@ ngx_http_omni_stt_hint(ngx_str_t *filename)
 static ngx_int_t
 ngx_http_omni_stt_engine(ngx_http_request_t *r, ngx_str_t *model,
     ngx_str_t *language, ngx_str_t *prompt, ngx_http_omni_stt_t *stt,
-    ngx_http_omni_req_t *req)
+    ngx_http_omni_req_t *req, ngx_http_omni_error_t *err)
 {
-    size_t                len;
-    yajl_gen              g;
-    ngx_int_t             rc;
-    ngx_uint_t            s, i, served;
-    const unsigned char  *buf;
+    yajl_gen    g;
+    ngx_int_t   rc;
+    ngx_uint_t  s, i, served;
 
     req->model.data = ngx_pstrdup(r->pool, model);
     if (req->model.data == NULL) {
@@ -889,27 +889,7 @@ ngx_http_omni_stt_engine(ngx_http_request_t *r, ngx_str_t *model,
     s |= ngx_http_omni_gen_audio_in(r, g, req);
     s |= yajl_gen_map_close(g);
 
-    buf = NULL;
-    len = 0;
-
-    if (s == yajl_gen_status_ok) {
-        s = yajl_gen_get_buf(g, &buf, &len);
-    }
-
-    if (s != yajl_gen_status_ok) {
-        ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
-                      "omni yajl_gen failed: %ui", s);
-        rc = NGX_ERROR;
-
-    } else {
-        req->engine.data = ngx_pnalloc(r->pool, len);
-        rc = (req->engine.data == NULL) ? NGX_ERROR : NGX_OK;
-
-        if (rc == NGX_OK) {
-            ngx_memcpy(req->engine.data, buf, len);
-            req->engine.len = len;
-        }
-    }
+    rc = ngx_http_omni_engine_json(r, g, s, req, err);
 
     yajl_gen_free(g);
 
