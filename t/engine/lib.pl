@@ -16,12 +16,15 @@ our $TMP    = tempdir('omni-test-XXXXXX', TMPDIR => 1, CLEANUP => 1);
 die "$ENGINE is not built (run make)\n" unless -x $ENGINE;
 die "$MODEL is missing (see ../shared/models/README.md)\n" unless -f $MODEL;
 
-# Which kernel set this pass runs (what 'auto' picks, or what OMNI_ISA
-# forces), in the TAP output.
+# Which kernel set this pass runs (what 'auto' picks on this CPU, or what
+# OMNI_ISA forces), in the TAP output and as $KERNEL_SET: tests compare
+# with it, never with a set they assume the machine has.
+our $KERNEL_SET;
 {
     my $cmd = join ' ', map { "'$_'" } @WRAPPER, $ENGINE;
     my $s = `$cmd generate --model '$MODEL' --prompt x --max-tokens 1 --stats 2>&1 >/dev/null`;
     my ($set) = $s =~ /backend (\S+),/;
+    $KERNEL_SET = $set // '';
     print "# kernel set: ", $set // "none ($s)", " (OMNI_ISA=",
           $ENV{OMNI_ISA} || 'auto', ")",
           @WRAPPER ? " under $WRAPPER[0]" : '', "\n";
