@@ -289,7 +289,12 @@ static void queued(Frontend *fe, Conn *c, int rc, const char *what) {
     after_output(fe, c);
 }
 
-/* An ERROR from hop i: the client gets it, the other hops a CANCEL. */
+/* An ERROR from a hop: the client gets it, and every hop still working a
+ * CANCEL, the failed hop too: INPUT frames queued to it before its ERROR
+ * reached us may still carry pool references, and only its CANCELLED,
+ * which follows them on its channel, says it has dropped them. (Reclaimed
+ * at once, such a block went back to the pool while the stage still had
+ * its descriptor coming, and the stage exited on a free block.) */
 static void hop_error(Frontend *fe, Conn *c, const OmniFrameHdr *h,
                       const uint8_t *body)
 {
@@ -313,7 +318,6 @@ static void listener_event(Frontend *fe, Conn *c, Stage *s,
     switch (h->type) {
     case OMNI_F_TRANSCRIPT:
         if (audio_in_heard(c, body, h->len) != 0) {
-            c->route.working &= ~(1u << s->row);
             route_cancel(fe, c, 0);
             conn_error(fe, c, 503, NULL, "out_of_memory", "out of memory "
                        "keeping the transcript of the audio input");
@@ -333,7 +337,6 @@ static void listener_event(Frontend *fe, Conn *c, Stage *s,
         block_drop(fe, body);
         return;
     case OMNI_F_ERROR:
-        c->route.working &= ~(1u << s->row);
         hop_error(fe, c, h, body);
         return;
     default:                            // TEXT, AUDIO: not the listener's
@@ -407,7 +410,6 @@ void route_event(Frontend *fe, Stage *s, uint64_t id, const OmniFrameHdr *h,
         }
         return;
     default:                            // ERROR
-        rt->working &= ~(1u << s->row);
         hop_error(fe, c, h, body);
     }
 }

@@ -15,6 +15,7 @@ use warnings;
 use lib '.';
 use lib 't/lib';
 use JSON::PP;
+use POSIX ();
 use Test::More;
 use t::lib::OmniServer;
 use t::lib::NodeTap;
@@ -96,6 +97,49 @@ for my $f (@files) {
 ok($n && $edits / $n <= $WER_LIBRIVOX,
    sprintf('librivox: WER %.1f%% over %d words', 100 * $edits / ($n || 1),
            $n));
+
+# The listener's byte budget through nginx: two 99 s uploads at once with
+# room for one. The second is refused while nginx is still sending its
+# body, so its refusal crosses blocks on their way to the listener; those
+# must be dropped by the listener, not reclaimed under it (which freed
+# blocks the listener then received, and it exited, failing the first).
+{
+    my $b = omni_server_start(name => 'listen_engine_budget',
+                              engine_args => ['--listener-slots', 1,
+                                              '--listener-buffer-mib', 1],
+                              http => "    client_max_body_size 25m;\n");
+    my ($pcm) = main::slurp($jfk) =~ /data....(.*)\z/s;
+    my $big = "$dir/big.wav";
+    open(my $fh, '>:raw', $big) or die "$big: $!\n";
+    print $fh 'RIFF', pack('V', 36 + 9 * length $pcm), 'WAVEfmt ',
+        pack('VvvVVvv', 16, 1, 1, 16000, 32000, 2, 16), 'data',
+        pack('V', 9 * length $pcm), $pcm x 9;
+    close $fh;
+    my $pid = main::stage_pid($b->{engine}, 'listener');
+    my @kids;
+    for my $i (0, 1) {
+        my $k = fork() // die "fork: $!\n";
+        if ($k == 0) {
+            exec('curl', '-s', '-o', "$dir/budget$i.out",
+                 "http://127.0.0.1:$b->{port}/v1/audio/transcriptions",
+                 '-F', 'model=whisper-1', '-F', "file=\@$big")
+                or POSIX::_exit(127);
+        }
+        push @kids, $k;
+        select(undef, undef, undef, 0.3);
+    }
+    waitpid($_, 0) for @kids;
+    like(main::slurp("$dir/budget0.out"), qr/^\{"text":"and /,
+         'budget: the first upload is transcribed');
+    like(main::slurp("$dir/budget1.out"), qr/"code":"overloaded"/,
+         'budget: the second is 503 overloaded');
+    is(main::stage_pid($b->{engine}, 'listener'), $pid,
+       'budget: the listener did not restart');
+    unlike(main::slurp($b->{engine}{log}),
+           qr/a leak|bad INPUT|listener stage exited/,
+           'budget: no block reclaimed under the listener');
+    omni_server_stop($b);
+}
 
 my $log = main::slurp("$s->{prefix}/logs/error.log");
 my @bad = grep { /\[(crit|alert|emerg)\]|signal \d+/ } split /\n/, $log;

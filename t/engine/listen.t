@@ -277,6 +277,31 @@ unless ($stages =~ /\blistener\b/) {
     serve_stop($srv);
 }
 
+# --- the byte budget: a second upload while the first is held is 503
+# overloaded; the first goes on, nothing restarts, nothing leaks
+# (t/e2e/listen_engine.t does the same through nginx, where the refusal
+# crosses blocks still on their way to the listener) -------------------------
+{
+    my $srv = serve_start(args => ['--listener-slots', 1,
+                                   '--listener-buffer-mib', 1], timeout => 60);
+    my $big = wav44($JFK_PCM x 9);              # 99 s, 3 MB
+    my $pid = stage_pid($srv, 'listener');
+    my @r = run_concurrent($srv, [[transcribe_req(bytes => length $big),
+                                   [$big]],
+                                  [transcribe_req(bytes => length $big),
+                                   [$big]]], timeout => 180);
+    ok_done($r[0], 'over the budget: the first');
+    is($r[1]{error}{status}, 503, 'over the budget: the second is 503');
+    is($r[1]{error}{code}, 'overloaded', 'over the budget: overloaded');
+    is(stage_pid($srv, 'listener'), $pid, 'over the budget: the listener '
+       . 'did not restart');
+    my $log = slurp($srv->{log});
+    unlike($log, qr/a leak|bad INPUT|listener stage exited/,
+           'over the budget: no leak, no protocol error in the log');
+    pool_empty($srv, 'over the budget');
+    serve_stop($srv);
+}
+
 # --- eight at once, and a client gone mid-transcription --------------------
 {
     my @reqs = map { [transcribe_req(bytes => length $JFK), [$JFK]] } 1 .. 8;
