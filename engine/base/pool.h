@@ -62,6 +62,7 @@
 #include <stdint.h>
 
 #include "log.h"
+#include "omni_proto.h"
 
 #define POOL_MAGIC       0x6f6d6e69706f6f6cull  // "omnipool"
 #define POOL_VERSION     1
@@ -134,6 +135,19 @@ typedef struct {
 } PoolRef;
 
 _Static_assert(sizeof(PoolRef) == 12, "PoolRef is 12 bytes");
+
+/* A descriptor's wire form, the first 12 bytes of a BLOCK payload
+ * (stage_channel.h): block, offset, length, little-endian. Reading checks
+ * nothing: pool_check does. */
+static inline PoolRef pool_ref_read(const uint8_t *p) {
+    return (PoolRef) { omni_rd32(p), omni_rd32(p + 4), omni_rd32(p + 8) };
+}
+
+static inline void pool_ref_write(uint8_t *p, PoolRef r) {
+    omni_wr32(p, r.block);
+    omni_wr32(p + 4, r.offset);
+    omni_wr32(p + 8, r.length);
+}
 
 typedef struct {
     uint32_t n_blocks;

@@ -67,8 +67,7 @@ static int frame_to_pool(Frontend *fe, Conn *c) {
         if (k > fe->pool.block_size) k = fe->pool.block_size;
         if ((b = pool_alloc(&fe->pool, 0, c->id)) < 0) return 0;
         memcpy(pool_block(&fe->pool, (uint32_t) b), p + c->audio_off, k);
-        omni_wr32(d, (uint32_t) b);
-        omni_wr32(d + 8, k);
+        pool_ref_write(d, (PoolRef) { (uint32_t) b, 0, k });
         if (to_listener(fe, c, OMNI_F_STAGE_BLOCK, d, sizeof(d)) != 0) {
             pool_unref(&fe->pool, (uint32_t) b);
             return -1;

@@ -149,10 +149,6 @@ static int submit_deferred(Frontend *fe, Conn *c) {
 
 /* ---- Blocks ------------------------------------------------------------- */
 
-static PoolRef block_ref(const uint8_t *b) {
-    return (PoolRef) { omni_rd32(b), omni_rd32(b + 4), omni_rd32(b + 8) };
-}
-
 /* Drops the reference a BLOCK event carried (checked on arrival). */
 static void block_drop(Frontend *fe, const uint8_t *b) {
     pool_unref(&fe->pool, omni_rd32(b));
@@ -162,7 +158,7 @@ static void block_drop(Frontend *fe, const uint8_t *b) {
  * at most OMNI_MAX_AUDIO bytes each, then the block goes back. Returns 0,
  * or -1 when out of memory. */
 static int block_to_client(Frontend *fe, Conn *c, const uint8_t *b) {
-    PoolRef        r = block_ref(b);
+    PoolRef        r = pool_ref_read(b);
     const uint8_t *p = (const uint8_t *) pool_block(&fe->pool, r.block)
                        + r.offset;
     int            rc = 0;

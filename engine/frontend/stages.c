@@ -344,8 +344,7 @@ static bool event_valid(const Frontend *fe, const OmniFrameHdr *h,
         {
             return false;
         }
-        r = (PoolRef) { omni_rd32(body), omni_rd32(body + 4),
-                        omni_rd32(body + 8) };
+        r = pool_ref_read(body);
         return pool_check(&fe->pool, r, &err) == 0;
     }
     if (omni_frame_check(h, OMNI_DIR_TO_CLIENT) != NULL || h->len != len) {

@@ -62,9 +62,7 @@ void stage_done(Stage *s, uint64_t id, const OmniDone *d) {
 void stage_block(Stage *s, uint64_t id, PoolRef r) {
     uint8_t b[STAGE_BLOCK_LEN];
 
-    omni_wr32(b, r.block);
-    omni_wr32(b + 4, r.offset);
-    omni_wr32(b + 8, r.length);
+    pool_ref_write(b, r);
     omni_wr32(b + 12, 0);
     stage_event(s, id, OMNI_F_STAGE_BLOCK, b, sizeof(b));
 }
@@ -229,7 +227,7 @@ static int input(Stage *s, uint64_t id, const uint8_t *p, size_t n,
             return err_set(err, "frontend sent an INPUT BLOCK, but gave "
                            "this stage no pool");
         }
-        r = (PoolRef) { omni_rd32(p), omni_rd32(p + 4), omni_rd32(p + 8) };
+        r = pool_ref_read(p);
         if (h.len != STAGE_BLOCK_LEN || omni_rd32(p + 12) != 0) {
             return err_set(err, "frontend sent an INPUT BLOCK of %u bytes "
                            "(flags %#x)", h.len,

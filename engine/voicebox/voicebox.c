@@ -171,9 +171,7 @@ static int vbox_ref(Stage *s, const uint8_t *p, size_t n, PoolRef *r,
         return err_set(err, "a BLOCK of %zu bytes (not %d)", n,
                        STAGE_BLOCK_LEN);
     }
-    r->block = omni_rd32(p);
-    r->offset = omni_rd32(p + 4);
-    r->length = omni_rd32(p + 8);
+    *r = pool_ref_read(p);
     return pool_check(&s->pool, *r, err);
 }
 
