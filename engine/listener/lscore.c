@@ -77,7 +77,7 @@ static void ls_fail(LsCore *c, LsReq *r, LsOutKind kind) {
     if (r->state != LS_RUNNING) ls_end(c, r, kind);
 }
 
-/* Sets r's ERROR: a 500 of ours, unless a status was set already. */
+/* Sets r's ERROR: a 500 of ours (the loop's failures and stops). */
 static void fail_500(LsReq *r, const char *msg) {
     r->status = 500;
     r->param[0] = '\0';
@@ -128,9 +128,8 @@ static void *ls_worker(void *arg) {
 
     pthread_mutex_lock(&c->mu);
     for (;;) {
-        LsReq   *r;
-        OmniDone d = { 0 };
-        int      rc;
+        LsReq *r;
+        int    rc;
 
         while (!c->quit && c->runq == NULL) {
             pthread_cond_wait(&c->cv, &c->mu);
@@ -144,8 +143,8 @@ static void *ls_worker(void *arg) {
         stats_gauges(c);
         pthread_mutex_unlock(&c->mu);
 
-        rc = ls_post(c, r, LS_OUT_STARTED, NULL, 0) == 0
-             ? ls_work(w, r, &d) : -1;
+        rc = ls_post(c, r, LS_OUT_STARTED, NULL, 0) == 0 ? ls_work(w, r)
+                                                         : -1;
 
         pthread_mutex_lock(&c->mu);
         c->busy--;
@@ -158,7 +157,6 @@ static void *ls_worker(void *arg) {
             r->fail = r->w_err;
             ls_end(c, r, LS_OUT_ERROR);
         } else {
-            r->done_ms = d.input_audio_ms;
             ls_end(c, r, LS_OUT_DONE);
         }
         stats_gauges(c);
@@ -444,7 +442,7 @@ static void ls_reap(LsCore *c, LsReq *r, LsOut *o) {
     o->id = r->id;
     if (r->end == LS_OUT_DONE) {
         memset(&o->done, 0, sizeof(o->done));
-        o->done.input_audio_ms = r->done_ms;
+        o->done.input_audio_ms = (uint32_t) (r->samples * 1000 / ASR_RATE);
     }
     if (r->end == LS_OUT_ERROR) {
         memcpy(c->msg, r->fail.msg, sizeof(c->msg));

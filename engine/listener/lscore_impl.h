@@ -55,7 +55,6 @@ struct LsReq {
     char            w_param[64];
     const char     *w_code;         //   (static, or NULL)
     Err             w_err;
-    uint32_t        done_ms;        // DONE's input_audio_ms, under mu
 };
 
 /* An outbox entry: a request's STARTED or segment, or its end (DONE,
@@ -102,10 +101,10 @@ struct LsCore {
     char            param[64];
 };
 
-/* lswork.c: worker w runs r (RUNNING) to its end. Returns 0 (its DONE
- * counts in *d), or -1 with r's w_* fields set (or r->stop set:
- * cancelled or stopping). */
-int  ls_work(LsWorker *w, LsReq *r, OmniDone *d);
+/* lswork.c: worker w runs r (RUNNING) to its end. Returns 0 (r->samples
+ * then counts its audio, DONE's input_audio_ms), or -1 with r's w_*
+ * fields set (or r->stop set: cancelled or stopping). */
+int  ls_work(LsWorker *w, LsReq *r);
 
 /* lscore.c: hands a segment (json, owned; NULL for STARTED) to the loop;
  * waits while the outbox is full. Returns 0, or -1 when r was stopped

@@ -183,14 +183,12 @@ static int work_input(LsWorker *w, LsReq *r, uint64_t off) {
     return 0;
 }
 
-int ls_work(LsWorker *w, LsReq *r, OmniDone *d) {
+int ls_work(LsWorker *w, LsReq *r) {
     uint64_t off = 0;
 
-    memset(d, 0, sizeof(*d));
     for (r->cur = 0; r->cur < r->n_in; r->cur++) {
         if (work_input(w, r, off) != 0) return -1;
         off += r->in[r->cur].bytes;
     }
-    d->input_audio_ms = (uint32_t) (r->samples * 1000 / ASR_RATE);
     return 0;
 }
