@@ -25,6 +25,7 @@
 
 static ngx_int_t ngx_omni_engine_compare(ngx_cycle_t *cycle,
     ngx_omni_engine_conf_t *oecf, u_char *file);
+static ngx_uint_t ngx_omni_engine_quiet_line(u_char *p, u_char *end);
 static void ngx_omni_engine_exec(ngx_cycle_t *cycle,
     ngx_omni_engine_conf_t *oecf, char **env);
 
@@ -337,10 +338,13 @@ ngx_omni_engine_record(ngx_cycle_t *cycle, ngx_omni_engine_conf_t *oecf)
 
 /*
  * The last line engine.log received since the engine being watched
- * started (the tail of the file when that is unknown), for the error log:
- * usually why the engine failed ("... No such file or directory").  Two
- * engines share the file during a replacement, but a serving engine is
- * quiet, so the line is almost always the new one's.
+ * started (the tail of the file when that is unknown) that is not at info
+ * or debug level, else its last line, for the error log: usually why the
+ * engine failed ("... No such file or directory").  The other stages keep
+ * starting while a failing one is retried, so the very last line is as
+ * likely another stage's "ready" as the failure.  Two engines share the
+ * file during a replacement, but a serving engine is quiet, so the line
+ * is almost always the new one's.
  */
 
 void
@@ -348,7 +352,7 @@ ngx_omni_engine_last_line(ngx_omni_engine_conf_t *oecf, u_char *buf,
     size_t size, ngx_str_t *line)
 {
     off_t             from;
-    u_char           *p, *last;
+    u_char           *p, *last, *end, *first, *first_end;
     ssize_t           n;
     ngx_fd_t          fd;
     ngx_file_info_t   fi;
@@ -385,12 +389,59 @@ ngx_omni_engine_last_line(ngx_omni_engine_conf_t *oecf, u_char *buf,
         last--;
     }
 
-    for (p = last; p > buf && p[-1] != LF; p--) { /* void */ }
+    first = NULL;
+    first_end = NULL;
 
-    if (p < last) {
-        line->data = p;
-        line->len = last - p;
+    for (end = last; end > buf; end = p) {
+
+        for (p = end; p > buf && p[-1] != LF; p--) { /* void */ }
+
+        if (p < end) {
+            if (first == NULL) {
+                first = p;
+                first_end = end;
+            }
+
+            if (!ngx_omni_engine_quiet_line(p, end)) {
+                line->data = p;
+                line->len = end - p;
+                return;
+            }
+        }
+
+        while (p > buf && (p[-1] == LF || p[-1] == CR)) {
+            p--;
+        }
     }
+
+    if (first != NULL) {
+        line->data = first;
+        line->len = first_end - first;
+    }
+}
+
+
+/* an engine log line at info or debug level (log.c's format) */
+
+static ngx_uint_t
+ngx_omni_engine_quiet_line(u_char *p, u_char *end)
+{
+    static ngx_str_t  quiet[] = {
+        ngx_string("omni-engine [info] "),
+        ngx_string("omni-engine [debug] "),
+    };
+
+    ngx_uint_t  i;
+
+    for (i = 0; i < sizeof(quiet) / sizeof(quiet[0]); i++) {
+        if ((size_t) (end - p) >= quiet[i].len
+            && ngx_strncmp(p, quiet[i].data, quiet[i].len) == 0)
+        {
+            return 1;
+        }
+    }
+
+    return 0;
 }
 
 
