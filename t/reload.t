@@ -316,13 +316,15 @@ close $fh;
     is(kernels(), $KERNEL_SET, "$name: A serves with the kernels auto "
        . "picks here ($KERNEL_SET)");
     mark_log();
+    # the load must outlast B's start-up (four stages, the listener's
+    # models among them: seconds on a loaded 2-core machine)
     my $lg = fork() // die;
     if ($lg == 0) {
         open(STDOUT, '>', "$prefix/loadgen.out") or die;
         open(STDERR, '>&', \*STDOUT) or die;
         exec($loadgen, '--http', "127.0.0.1:$port", '--path',
              '/v1/completions', '--prompts', $prompts, '--model', $model_id,
-             '--concurrency', 32, '--duration', 6, '--max-tokens', 200,
+             '--concurrency', 32, '--duration', 12, '--max-tokens', 200,
              '--ignore-eos', '--expect-done', '--timeout', 120,
              '--json', "$prefix/loadgen.json") or POSIX::_exit(127);
     }
