@@ -181,7 +181,7 @@ $(BUILD)/omni-engine: $(BUILD)/obj/engine/main.o $(BUILD)/libomni.a
 # flags make warnings errors (-Werror). nginx names the .so after the first
 # module in it; it is installed as build/ngx_omni_module.so.
 NGX_MODULE_SRCS := $(wildcard ngx_omni_module/*.c ngx_omni_module/*.h) \
-                   engine/proto/omni_proto.h
+                   engine/proto/omni_proto.h engine/proto/prefix_key.h
 
 $(NGX_BUILD)/Makefile: config
 	@mkdir -p $(@D)

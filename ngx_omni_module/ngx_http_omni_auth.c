@@ -24,6 +24,9 @@
 
 static ngx_int_t ngx_http_omni_unauthorized(ngx_http_request_t *r,
     ngx_http_omni_error_t *err, char *message, char *code);
+static void ngx_http_omni_bearer(ngx_http_request_t *r, ngx_str_t *token);
+static ngx_uint_t ngx_http_omni_key_known(ngx_http_omni_loc_conf_t *olcf,
+    ngx_str_t *token);
 static ngx_uint_t ngx_http_omni_key_equal(ngx_str_t *token, ngx_str_t *key);
 
 
@@ -45,38 +48,13 @@ ngx_int_t
 ngx_http_omni_auth(ngx_http_request_t *r, ngx_http_omni_loc_conf_t *olcf,
     ngx_http_omni_error_t *err)
 {
-    u_char           *p, *last;
-    ngx_str_t         token, *key;
-    ngx_uint_t        i, found;
-    ngx_table_elt_t  *h;
+    ngx_str_t  token;
 
     if (olcf->api_keys == NULL) {
         return NGX_OK;
     }
 
-    h = r->headers_in.authorization;
-
-    token.len = 0;
-
-    if (h != NULL
-        && h->value.len > sizeof("Bearer ") - 1
-        && ngx_strncasecmp(h->value.data, (u_char *) "Bearer ",
-                           sizeof("Bearer ") - 1) == 0)
-    {
-        p = h->value.data + sizeof("Bearer ") - 1;
-        last = h->value.data + h->value.len;
-
-        while (p < last && *p == ' ') {
-            p++;
-        }
-
-        while (last > p && last[-1] == ' ') {
-            last--;
-        }
-
-        token.data = p;
-        token.len = last - p;
-    }
+    ngx_http_omni_bearer(r, &token);
 
     if (token.len == 0) {
         ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
@@ -88,14 +66,7 @@ ngx_http_omni_auth(ngx_http_request_t *r, ngx_http_omni_loc_conf_t *olcf,
                    "auth (i.e. Authorization: Bearer YOUR_KEY).", NULL);
     }
 
-    found = 0;
-    key = olcf->api_keys->elts;
-
-    for (i = 0; i < olcf->api_keys->nelts; i++) {
-        found |= ngx_http_omni_key_equal(&token, &key[i]);
-    }
-
-    if (!found) {
+    if (!ngx_http_omni_key_known(olcf, &token)) {
         ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
                       "omni: invalid API key");
 
@@ -105,6 +76,88 @@ ngx_http_omni_auth(ngx_http_request_t *r, ngx_http_omni_loc_conf_t *olcf,
     }
 
     return NGX_OK;
+}
+
+
+/*
+ * The key a request's limits count under by default (ngx_http_omni_limit.c
+ * hashes it before it goes anywhere): its Bearer token, when omni_api_keys
+ * knows it or is off. NGX_DECLINED: no key, or one omni_api_keys refuses
+ * (the content handler answers 401; a made-up key must not cost Redis a
+ * bucket).
+ */
+
+ngx_int_t
+ngx_http_omni_api_key(ngx_http_request_t *r, ngx_http_omni_loc_conf_t *olcf,
+    ngx_str_t *key)
+{
+    ngx_http_omni_bearer(r, key);
+
+    if (key->len == 0
+        || (olcf->api_keys != NULL && !ngx_http_omni_key_known(olcf, key)))
+    {
+        return NGX_DECLINED;
+    }
+
+    return NGX_OK;
+}
+
+
+/* "Authorization: Bearer KEY": KEY without the spaces around it; empty
+ * when there is none, or another scheme. */
+
+static void
+ngx_http_omni_bearer(ngx_http_request_t *r, ngx_str_t *token)
+{
+    u_char           *p, *last;
+    ngx_table_elt_t  *h;
+
+    h = r->headers_in.authorization;
+
+    token->len = 0;
+    token->data = NULL;
+
+    if (h == NULL
+        || h->value.len <= sizeof("Bearer ") - 1
+        || ngx_strncasecmp(h->value.data, (u_char *) "Bearer ",
+                           sizeof("Bearer ") - 1) != 0)
+    {
+        return;
+    }
+
+    p = h->value.data + sizeof("Bearer ") - 1;
+    last = h->value.data + h->value.len;
+
+    while (p < last && *p == ' ') {
+        p++;
+    }
+
+    while (last > p && last[-1] == ' ') {
+        last--;
+    }
+
+    token->data = p;
+    token->len = last - p;
+}
+
+
+/* Every key is compared, so that the time taken does not say which one
+ * matched, nor where a key differs. */
+
+static ngx_uint_t
+ngx_http_omni_key_known(ngx_http_omni_loc_conf_t *olcf, ngx_str_t *token)
+{
+    ngx_str_t   *key;
+    ngx_uint_t   i, found;
+
+    found = 0;
+    key = olcf->api_keys->elts;
+
+    for (i = 0; i < olcf->api_keys->nelts; i++) {
+        found |= ngx_http_omni_key_equal(token, &key[i]);
+    }
+
+    return found;
 }
 
 

@@ -23,6 +23,10 @@
 
 static ngx_int_t ngx_http_omni_read_body(ngx_http_request_t *r,
     ngx_str_t *body, ngx_http_omni_error_t *err);
+static void ngx_http_omni_admit(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_http_omni_loc_conf_t *olcf);
+static void ngx_http_omni_admit_end(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_int_t rc, ngx_http_omni_error_t *err);
 
 
 void
@@ -77,13 +81,111 @@ ngx_http_omni_body_handler(ngx_http_request_t *r)
                    &ctx->req.model, (ngx_uint_t) ctx->req.stream,
                    ctx->req.engine.len);
 
-    if (ngx_http_omni_upstream_create(r, olcf) != NGX_OK) {
+    ngx_http_omni_admit(r, ctx, olcf);
+}
+
+
+/*
+ * What Redis must say before the engine gets the request, asked all at
+ * once: a tokens limit's charge, the prefix route's lookup. The upstream
+ * starts when the last answer is in; a refusal answers at once. The
+ * reference ngx_http_read_client_request_body() took is the upstream's
+ * then, or the answer's. While Redis is asked, the client is watched: one
+ * that leaves ends the request, and the answers are dropped.
+ */
+
+static void
+ngx_http_omni_admit(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
+    ngx_http_omni_loc_conf_t *olcf)
+{
+    ngx_int_t              rc;
+    ngx_http_omni_error_t  err;
+
+    ngx_memzero(&err, sizeof(ngx_http_omni_error_t));
+
+    /* a hold of this function's own: no answer can start the upstream
+     * before every question is asked */
+
+    ctx->waiting = 1;
+
+    rc = ngx_http_omni_limit_admit(r, ctx, &err);
+
+    if (rc == NGX_AGAIN) {
+        ctx->waiting++;
+
+    } else if (rc != NGX_OK) {
+        ngx_http_omni_admit_end(r, ctx, rc, &err);
+        return;
+    }
+
+    rc = ngx_http_omni_route_lookup(r, ctx, olcf);
+
+    if (rc == NGX_AGAIN) {
+        ctx->waiting++;
+
+    } else if (rc != NGX_OK) {
+        ngx_http_omni_admit_end(r, ctx, NGX_ERROR, NULL);
+        return;
+    }
+
+    if (ctx->waiting > 1) {
+        r->read_event_handler = ngx_http_test_reading;
+        r->write_event_handler = ngx_http_request_empty_handler;
+    }
+
+    ngx_http_omni_admit_end(r, ctx, NGX_OK, NULL);
+}
+
+
+void
+ngx_http_omni_admitted(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
+    ngx_int_t rc, ngx_http_omni_error_t *err)
+{
+    ngx_connection_t  *c;
+
+    c = r->connection;
+
+    ngx_http_omni_admit_end(r, ctx, rc, err);
+
+    ngx_http_run_posted_requests(c);
+}
+
+
+static void
+ngx_http_omni_admit_end(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
+    ngx_int_t rc, ngx_http_omni_error_t *err)
+{
+    ngx_http_omni_loc_conf_t  *olcf;
+
+    if (ctx->admitted) {
+        /* refused already: what else was asked no longer matters */
+        return;
+    }
+
+    if (rc == NGX_ERROR) {
+        ctx->admitted = 1;
         ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
         return;
     }
 
-    /* the reference ngx_http_read_client_request_body() took is the
-     * upstream's now */
+    if (rc == NGX_DECLINED) {
+        ctx->admitted = 1;
+        ngx_http_finalize_request(r, ngx_http_omni_send_error(r, err));
+        return;
+    }
+
+    if (--ctx->waiting > 0) {
+        return;
+    }
+
+    ctx->admitted = 1;
+
+    olcf = ngx_http_get_module_loc_conf(r, ngx_http_omni_module);
+
+    if (ngx_http_omni_upstream_create(r, olcf) != NGX_OK) {
+        ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+        return;
+    }
 
     ngx_http_upstream_init(r);
 }

@@ -26,6 +26,7 @@
 #include <ngx_http.h>
 
 #include "ngx_http_omni_module.h"
+#include "ngx_http_omni_redis.h"
 
 
 #define NGX_HTTP_OMNI_CODES     16      /* ngx_http_omni_codes, "other" */
@@ -33,10 +34,28 @@
 #define NGX_HTTP_OMNI_LINE_MAX  128     /* one requests_total line */
 
 
+/* Redis round trips (microseconds): a histogram's upper bounds */
+#define NGX_HTTP_OMNI_RTT_BUCKETS  12
+
+static uint64_t  ngx_http_omni_rtt_le[NGX_HTTP_OMNI_RTT_BUCKETS] = {
+    100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000,
+    1000000
+};
+
+static char  *ngx_http_omni_rtt_le_text[NGX_HTTP_OMNI_RTT_BUCKETS] = {
+    "0.0001", "0.00025", "0.0005", "0.001", "0.0025", "0.005", "0.01",
+    "0.025", "0.05", "0.1", "0.25", "1"
+};
+
+
 typedef struct {
     ngx_atomic_t                requests[NGX_HTTP_OMNI_SERIES]
                                         [NGX_HTTP_OMNI_CODES];
     ngx_atomic_t                counters[NGX_HTTP_OMNI_M_COUNTERS];
+    ngx_atomic_t                rtt[NGX_HTTP_OMNI_RTT_BUCKETS + 1];
+                                        /* not cumulative; the last is
+                                           +Inf's own */
+    ngx_atomic_t                rtt_sum;        /* microseconds */
 } ngx_http_omni_shm_t;
 
 
@@ -44,6 +63,9 @@ static ngx_int_t ngx_http_omni_init_zone(ngx_shm_zone_t *shm_zone,
     void *data);
 static ngx_http_omni_shm_t *ngx_http_omni_shm(ngx_http_request_t *r);
 static ngx_int_t ngx_http_omni_log_handler(ngx_http_request_t *r);
+static size_t ngx_http_omni_redis_metrics_len(ngx_http_omni_main_conf_t *omcf);
+static u_char *ngx_http_omni_redis_metrics(u_char *p, ngx_http_omni_shm_t *sh,
+    ngx_atomic_uint_t *c);
 
 
 static ngx_uint_t  ngx_http_omni_codes[NGX_HTTP_OMNI_CODES - 1] = {
@@ -82,6 +104,43 @@ static char  ngx_http_omni_metrics_tail[] =
     "# HELP omni_nginx_engine_up Whether the engine answered this scrape.\n"
     "# TYPE omni_nginx_engine_up gauge\n"
     "omni_nginx_engine_up %ui\n";
+
+
+static char  ngx_http_omni_redis_head[] =
+    "# HELP omni_nginx_redis_seconds Round trips to Redis (omni_redis),"
+    " send to answer.\n"
+    "# TYPE omni_nginx_redis_seconds histogram\n";
+
+static char  ngx_http_omni_redis_tail[] =
+    "# HELP omni_nginx_redis_up Workers connected to Redis.\n"
+    "# TYPE omni_nginx_redis_up gauge\n"
+    "omni_nginx_redis_up %A\n"
+    "# HELP omni_nginx_redis_pending Redis commands sent and not yet"
+    " answered.\n"
+    "# TYPE omni_nginx_redis_pending gauge\n"
+    "omni_nginx_redis_pending %A\n"
+    "# HELP omni_nginx_redis_connects_total Connections to Redis made"
+    " (handshake done).\n"
+    "# TYPE omni_nginx_redis_connects_total counter\n"
+    "omni_nginx_redis_connects_total %uA\n"
+    "# HELP omni_nginx_redis_errors_total Redis commands that got no"
+    " answer, or an error, by why.\n"
+    "# TYPE omni_nginx_redis_errors_total counter\n"
+    "omni_nginx_redis_errors_total{kind=\"down\"} %uA\n"
+    "omni_nginx_redis_errors_total{kind=\"timeout\"} %uA\n"
+    "omni_nginx_redis_errors_total{kind=\"busy\"} %uA\n"
+    "omni_nginx_redis_errors_total{kind=\"reply\"} %uA\n"
+    "# HELP omni_nginx_limit_fail_total Limit checks decided by"
+    " omni_limit_fail because Redis did not answer.\n"
+    "# TYPE omni_nginx_limit_fail_total counter\n"
+    "omni_nginx_limit_fail_total{policy=\"open\"} %uA\n"
+    "omni_nginx_limit_fail_total{policy=\"closed\"} %uA\n"
+    "# HELP omni_nginx_route_total Requests of omni_prefix_route upstreams,"
+    " by how the engine was chosen.\n"
+    "# TYPE omni_nginx_route_total counter\n"
+    "omni_nginx_route_total{result=\"hit\"} %uA\n"
+    "omni_nginx_route_total{result=\"miss\"} %uA\n"
+    "omni_nginx_route_total{result=\"fallback\"} %uA\n";
 
 
 ngx_int_t
@@ -187,6 +246,45 @@ ngx_http_omni_count(ngx_http_request_t *r, ngx_http_omni_counter_e c)
 }
 
 
+void
+ngx_http_omni_metric_add(ngx_http_omni_main_conf_t *omcf,
+    ngx_http_omni_counter_e c, ngx_atomic_int_t delta)
+{
+    ngx_http_omni_shm_t  *sh;
+
+    if (omcf->shm_zone == NULL || omcf->shm_zone->data == NULL) {
+        return;
+    }
+
+    sh = omcf->shm_zone->data;
+
+    (void) ngx_atomic_fetch_add(&sh->counters[c], delta);
+}
+
+
+void
+ngx_http_omni_redis_observe(ngx_http_omni_main_conf_t *omcf, uint64_t us)
+{
+    ngx_uint_t            i;
+    ngx_http_omni_shm_t  *sh;
+
+    if (omcf->shm_zone == NULL || omcf->shm_zone->data == NULL) {
+        return;
+    }
+
+    sh = omcf->shm_zone->data;
+
+    for (i = 0; i < NGX_HTTP_OMNI_RTT_BUCKETS; i++) {
+        if (us <= ngx_http_omni_rtt_le[i]) {
+            break;
+        }
+    }
+
+    (void) ngx_atomic_fetch_add(&sh->rtt[i], 1);
+    (void) ngx_atomic_fetch_add(&sh->rtt_sum, (ngx_atomic_int_t) us);
+}
+
+
 static ngx_int_t
 ngx_http_omni_log_handler(ngx_http_request_t *r)
 {
@@ -235,16 +333,20 @@ ngx_http_omni_metrics_text(ngx_http_request_t *r, ngx_uint_t engine_up)
     size_t                len;
     ngx_buf_t            *b;
     ngx_uint_t            e, i;
-    ngx_atomic_uint_t     n, c[NGX_HTTP_OMNI_M_COUNTERS];
-    ngx_http_omni_shm_t  *sh;
+    ngx_atomic_uint_t           n, c[NGX_HTTP_OMNI_M_COUNTERS];
+    ngx_http_omni_shm_t        *sh;
+    ngx_http_omni_main_conf_t  *omcf;
 
     sh = ngx_http_omni_shm(r);
+
+    omcf = ngx_http_get_module_main_conf(r, ngx_http_omni_module);
 
     len = sizeof(ngx_http_omni_metrics_head) - 1
           + NGX_HTTP_OMNI_SERIES * NGX_HTTP_OMNI_CODES
             * NGX_HTTP_OMNI_LINE_MAX
           + sizeof(ngx_http_omni_metrics_tail) - 1
-          + NGX_HTTP_OMNI_M_COUNTERS * NGX_ATOMIC_T_LEN + NGX_INT_T_LEN;
+          + NGX_HTTP_OMNI_M_COUNTERS * NGX_ATOMIC_T_LEN + NGX_INT_T_LEN
+          + ngx_http_omni_redis_metrics_len(omcf);
 
     b = ngx_create_temp_buf(r->pool, len);
     if (b == NULL) {
@@ -296,7 +398,73 @@ ngx_http_omni_metrics_text(ngx_http_request_t *r, ngx_uint_t engine_up)
                           c[NGX_HTTP_OMNI_M_AUTH_FAILED],
                           engine_up);
 
+    if (omcf->redis == NULL || omcf->redis->name.len == 0) {
+        return b;
+    }
+
+    b->last = ngx_http_omni_redis_metrics(b->last, sh, c);
+    b->last = ngx_http_omni_limit_metrics(b->last, omcf);
+
     return b;
+}
+
+
+/* Redis, limits and routing: only where omni_redis is configured */
+
+static size_t
+ngx_http_omni_redis_metrics_len(ngx_http_omni_main_conf_t *omcf)
+{
+    if (omcf->redis == NULL || omcf->redis->name.len == 0) {
+        return 0;
+    }
+
+    return sizeof(ngx_http_omni_redis_head) - 1
+           + (NGX_HTTP_OMNI_RTT_BUCKETS + 3) * NGX_HTTP_OMNI_LINE_MAX
+           + sizeof(ngx_http_omni_redis_tail) - 1
+           + NGX_HTTP_OMNI_M_COUNTERS * NGX_ATOMIC_T_LEN
+           + ngx_http_omni_limit_metrics_len(omcf);
+}
+
+
+static u_char *
+ngx_http_omni_redis_metrics(u_char *p, ngx_http_omni_shm_t *sh,
+    ngx_atomic_uint_t *c)
+{
+    ngx_uint_t         i;
+    ngx_atomic_uint_t  n, sum;
+
+    p = ngx_cpymem(p, ngx_http_omni_redis_head,
+                   sizeof(ngx_http_omni_redis_head) - 1);
+
+    n = 0;
+
+    for (i = 0; i <= NGX_HTTP_OMNI_RTT_BUCKETS; i++) {
+        n += sh ? sh->rtt[i] : 0;
+
+        p = ngx_sprintf(p, "omni_nginx_redis_seconds_bucket{le=\"%s\"} %uA\n",
+                        i < NGX_HTTP_OMNI_RTT_BUCKETS
+                        ? ngx_http_omni_rtt_le_text[i] : "+Inf", n);
+    }
+
+    sum = sh ? sh->rtt_sum : 0;
+
+    p = ngx_sprintf(p, "omni_nginx_redis_seconds_sum %uA.%06uA\n"
+                       "omni_nginx_redis_seconds_count %uA\n",
+                    sum / 1000000, sum % 1000000, n);
+
+    return ngx_sprintf(p, ngx_http_omni_redis_tail,
+                       (ngx_atomic_int_t) c[NGX_HTTP_OMNI_M_REDIS_UP],
+                       (ngx_atomic_int_t) c[NGX_HTTP_OMNI_M_REDIS_PENDING],
+                       c[NGX_HTTP_OMNI_M_REDIS_CONNECTS],
+                       c[NGX_HTTP_OMNI_M_REDIS_DOWN],
+                       c[NGX_HTTP_OMNI_M_REDIS_TIMEOUT],
+                       c[NGX_HTTP_OMNI_M_REDIS_BUSY],
+                       c[NGX_HTTP_OMNI_M_REDIS_REPLY_ERROR],
+                       c[NGX_HTTP_OMNI_M_LIMIT_FAIL_OPEN],
+                       c[NGX_HTTP_OMNI_M_LIMIT_FAIL_CLOSED],
+                       c[NGX_HTTP_OMNI_M_ROUTE_HIT],
+                       c[NGX_HTTP_OMNI_M_ROUTE_MISS],
+                       c[NGX_HTTP_OMNI_M_ROUTE_FALLBACK]);
 }
 
 

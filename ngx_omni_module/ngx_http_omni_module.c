@@ -29,17 +29,19 @@
 #include <ngx_http.h>
 
 #include "ngx_http_omni_module.h"
+#include "ngx_http_omni_redis.h"
 
 
 static ngx_int_t ngx_http_omni_handler(ngx_http_request_t *r);
-static ngx_http_omni_ctx_t *ngx_http_omni_create_ctx(ngx_http_request_t *r,
-    ngx_http_omni_loc_conf_t *olcf);
 static ngx_int_t ngx_http_omni_check_request(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, ngx_http_omni_loc_conf_t *olcf,
     ngx_http_omni_error_t *err);
 
 static ngx_int_t ngx_http_omni_init(ngx_conf_t *cf);
 static void *ngx_http_omni_create_main_conf(ngx_conf_t *cf);
+static void *ngx_http_omni_create_srv_conf(ngx_conf_t *cf);
+static ngx_int_t ngx_http_omni_init_process(ngx_cycle_t *cycle);
+static void ngx_http_omni_exit_process(ngx_cycle_t *cycle);
 static void *ngx_http_omni_create_loc_conf(ngx_conf_t *cf);
 static char *ngx_http_omni_merge_loc_conf(ngx_conf_t *cf, void *parent,
     void *child);
@@ -57,6 +59,14 @@ static ngx_http_core_loc_conf_t *ngx_http_omni_enable(ngx_conf_t *cf,
 /* omni_max_audio_seconds: what the engine takes of an audio input */
 static ngx_conf_num_bounds_t  ngx_http_omni_max_audio_seconds_bounds = {
     ngx_conf_check_num_bounds, 1, 86400
+};
+
+
+/* omni_limit_fail: what a limit does when Redis does not answer */
+static ngx_conf_enum_t  ngx_http_omni_limit_fails[] = {
+    { ngx_string("open"), 1 },
+    { ngx_string("closed"), 0 },
+    { ngx_null_string, 0 }
 };
 
 
@@ -147,18 +157,53 @@ static ngx_command_t  ngx_http_omni_commands[] = {
       0,
       NULL },
 
+    { ngx_string("omni_redis"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_1MORE,
+      ngx_http_omni_redis_directive,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("omni_limit_zone"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_1MORE,
+      ngx_http_omni_limit_zone,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("omni_limit"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_1MORE,
+      ngx_http_omni_limit,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("omni_limit_fail"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_enum_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_omni_loc_conf_t, limit_fail),
+      &ngx_http_omni_limit_fails },
+
+    { ngx_string("omni_prefix_route"),
+      NGX_HTTP_UPS_CONF|NGX_CONF_NOARGS|NGX_CONF_TAKE1,
+      ngx_http_omni_prefix_route,
+      NGX_HTTP_SRV_CONF_OFFSET,
+      0,
+      NULL },
+
       ngx_null_command
 };
 
 
 static ngx_http_module_t  ngx_http_omni_module_ctx = {
-    NULL,                                  /* preconfiguration */
+    ngx_http_omni_route_add_variables,     /* preconfiguration */
     ngx_http_omni_init,                    /* postconfiguration */
 
     ngx_http_omni_create_main_conf,        /* create main configuration */
     NULL,                                  /* init main configuration */
 
-    NULL,                                  /* create server configuration */
+    ngx_http_omni_create_srv_conf,         /* create server configuration */
     NULL,                                  /* merge server configuration */
 
     ngx_http_omni_create_loc_conf,         /* create location configuration */
@@ -173,10 +218,10 @@ ngx_module_t  ngx_http_omni_module = {
     NGX_HTTP_MODULE,                       /* module type */
     NULL,                                  /* init master */
     NULL,                                  /* init module */
-    NULL,                                  /* init process */
+    ngx_http_omni_init_process,            /* init process */
     NULL,                                  /* init thread */
     NULL,                                  /* exit thread */
-    NULL,                                  /* exit process */
+    ngx_http_omni_exit_process,            /* exit process */
     NULL,                                  /* exit master */
     NGX_MODULE_V1_PADDING
 };
@@ -271,7 +316,7 @@ ngx_http_omni_handler(ngx_http_request_t *r)
 
     olcf = ngx_http_get_module_loc_conf(r, ngx_http_omni_module);
 
-    ctx = ngx_http_omni_create_ctx(r, olcf);
+    ctx = ngx_http_omni_get_ctx(r, olcf);
     if (ctx == NULL) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
@@ -334,9 +379,8 @@ ngx_http_omni_handler(ngx_http_request_t *r)
 }
 
 
-static ngx_http_omni_ctx_t *
-ngx_http_omni_create_ctx(ngx_http_request_t *r,
-    ngx_http_omni_loc_conf_t *olcf)
+ngx_http_omni_ctx_t *
+ngx_http_omni_get_ctx(ngx_http_request_t *r, ngx_http_omni_loc_conf_t *olcf)
 {
     u_char                     *p;
     ngx_http_omni_ctx_t        *ctx;
@@ -594,7 +638,14 @@ ngx_http_omni_init(ngx_conf_t *cf)
     }
 
     if (ngx_http_omni_filter_init(cf) != NGX_OK
-        || ngx_http_omni_transcribe_init(cf) != NGX_OK)
+        || ngx_http_omni_transcribe_init(cf) != NGX_OK
+        || ngx_http_omni_limit_init(cf) != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    if (omcf->redis && omcf->redis->name.len
+        && ngx_http_omni_metrics_add_zone(cf) != NGX_OK)
     {
         return NGX_ERROR;
     }
@@ -622,6 +673,40 @@ ngx_http_omni_create_main_conf(ngx_conf_t *cf)
     omcf->request_id = NGX_ERROR;
 
     return omcf;
+}
+
+
+static void *
+ngx_http_omni_create_srv_conf(ngx_conf_t *cf)
+{
+    ngx_http_omni_srv_conf_t  *oscf;
+
+    oscf = ngx_pcalloc(cf->pool, sizeof(ngx_http_omni_srv_conf_t));
+    if (oscf == NULL) {
+        return NULL;
+    }
+
+    /*
+     * set by ngx_pcalloc():
+     *
+     *     oscf->prefix_route = 0;
+     */
+
+    return oscf;
+}
+
+
+static ngx_int_t
+ngx_http_omni_init_process(ngx_cycle_t *cycle)
+{
+    return ngx_http_omni_redis_init_process(cycle);
+}
+
+
+static void
+ngx_http_omni_exit_process(ngx_cycle_t *cycle)
+{
+    ngx_http_omni_redis_exit_process(cycle);
 }
 
 
@@ -660,6 +745,8 @@ ngx_http_omni_create_loc_conf(ngx_conf_t *cf)
     conf->speech_mode = NGX_CONF_UNSET_UINT;
     conf->max_audio_seconds = NGX_CONF_UNSET;
     conf->api_keys = NGX_CONF_UNSET_PTR;
+    conf->limits = NGX_CONF_UNSET_PTR;
+    conf->limit_fail = NGX_CONF_UNSET_UINT;
 
     /* the hardcoded values */
     conf->upstream.cyclic_temp_file = 0;
@@ -748,6 +835,10 @@ ngx_http_omni_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     }
 
     ngx_conf_merge_ptr_value(conf->api_keys, prev->api_keys, NULL);
+
+    ngx_conf_merge_ptr_value(conf->limits, prev->limits, NULL);
+
+    ngx_conf_merge_uint_value(conf->limit_fail, prev->limit_fail, 1);
 
     if (conf->api_keys_file.data == NULL) {
         conf->api_keys_file = prev->api_keys_file;

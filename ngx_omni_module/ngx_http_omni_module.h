@@ -81,6 +81,65 @@
 typedef struct ngx_http_omni_endpoint_s  ngx_http_omni_endpoint_t;
 typedef struct ngx_http_omni_ctx_s       ngx_http_omni_ctx_t;
 typedef struct ngx_http_omni_stt_s       ngx_http_omni_stt_t;
+typedef struct ngx_http_omni_main_conf_s ngx_http_omni_main_conf_t;
+typedef struct ngx_http_omni_limit_s     ngx_http_omni_limit_t;
+typedef struct ngx_http_omni_redis_call_s  ngx_http_omni_redis_call_t;
+typedef struct ngx_http_omni_redis_slot_s  ngx_http_omni_redis_slot_t;
+
+struct redisReply;
+
+
+/* Why a Redis call got no reply (ngx_http_omni_redis.h). */
+typedef enum {
+    NGX_HTTP_OMNI_REDIS_OK = 0,
+    NGX_HTTP_OMNI_REDIS_DOWN,       /* not connected, or the connection
+                                       was lost before the reply */
+    NGX_HTTP_OMNI_REDIS_TIMEOUT,    /* no reply within the timeout */
+    NGX_HTTP_OMNI_REDIS_BUSY,       /* too many calls in flight, or Redis
+                                       is behind: failed at once */
+    NGX_HTTP_OMNI_REDIS_FAULTS
+} ngx_http_omni_redis_fault_e;
+
+
+/* reply: the reply (valid for the call only), an error reply included;
+ * NULL when call->fault says why there is none. */
+typedef void (*ngx_http_omni_redis_handler_pt)(
+    ngx_http_omni_redis_call_t *call, struct redisReply *reply);
+
+
+/* One command to Redis, answered at most once through its handler
+ * (ngx_http_omni_redis.h). */
+struct ngx_http_omni_redis_call_s {
+    ngx_http_request_t             *r;          /* NULL: sent and
+                                                   forgotten */
+    ngx_http_omni_redis_handler_pt  handler;
+    void                           *data;
+    ngx_http_omni_redis_fault_e     fault;
+
+    /* internal */
+    ngx_http_omni_redis_slot_t     *slot;       /* NULL: answered, or
+                                                   never sent */
+};
+
+
+/* How omni_prefix_route sent a request (ngx_http_omni_route.c). */
+typedef enum {
+    NGX_HTTP_OMNI_ROUTE_NONE = 0,   /* not prefix-routed */
+    NGX_HTTP_OMNI_ROUTE_HIT,        /* to the engine holding its prefix */
+    NGX_HTTP_OMNI_ROUTE_MISS,       /* none holds any: round robin */
+    NGX_HTTP_OMNI_ROUTE_FALLBACK    /* a holder could not take it, or
+                                       Redis did not answer: round robin */
+} ngx_http_omni_route_e;
+
+
+/* A chat request's prefix key (engine/proto/prefix_key.h): its hex, and
+ * how many messages it names. */
+#define NGX_HTTP_OMNI_PKEY_HEX  32
+
+typedef struct {
+    u_char                      hex[NGX_HTTP_OMNI_PKEY_HEX];
+    ngx_uint_t                  messages;
+} ngx_http_omni_prefix_key_t;
 
 
 /* What a request asks the engine for, which decides the request and
@@ -185,6 +244,10 @@ typedef struct {
                                                audio (the file case) */
     off_t                       audio_bytes;
                                             /* every input's bytes */
+    ngx_array_t                *prefix_keys;
+                                            /* chat: of
+                                               ngx_http_omni_prefix_key_t,
+                                               in order; NULL: none */
     unsigned                    stream:1;   /* speech: always */
     unsigned                    include_usage:1;
     unsigned                    audio:1;    /* chat: "audio" in modalities */
@@ -358,6 +421,26 @@ struct ngx_http_omni_ctx_s {
                                                    stopped reading: the rest
                                                    is not sent */
 
+    /* Redis, before the upstream: the limits (ngx_http_omni_limit.c),
+     * the prefix route (ngx_http_omni_route.c) */
+    ngx_http_omni_limit_t      *limit;
+    ngx_uint_t                  waiting;        /* answers still due before
+                                                   the upstream starts */
+    ngx_http_omni_route_e       route;
+    ngx_str_t                   route_engine;   /* the holder chosen, a
+                                                   peer's name; empty:
+                                                   round robin's */
+    ngx_uint_t                  route_messages; /* what it holds */
+    ngx_uint_t                  route_tokens;
+    ngx_str_t                  *route_peers;    /* the names asked about */
+    ngx_uint_t                  route_npeers;
+    ngx_http_omni_redis_call_t  route_call;
+    ngx_http_omni_main_conf_t  *route_omcf;
+    unsigned                    route_busy:1;   /* a holder was skipped */
+    unsigned                    admitted:1;     /* the upstream started, or
+                                                   the request was refused */
+    unsigned                    usage_seen:1;   /* DONE decoded into usage */
+
     /* an error page of nginx's, replaced by JSON (output.c filters) */
     ngx_http_omni_error_t       err;            /* what the module knows
                                                    about it; status 0:
@@ -381,15 +464,36 @@ typedef struct {
     ngx_uint_t                  speech_mode;    /* omni_speech_mode */
     ngx_int_t                   max_audio_seconds;
                                                 /* omni_max_audio_seconds */
+    ngx_array_t                *limits;         /* omni_limit: of
+                                                   ngx_shm_zone_t *; NULL:
+                                                   none */
+    ngx_uint_t                  limit_fail;     /* omni_limit_fail: 1 open,
+                                                   0 closed */
 } ngx_http_omni_loc_conf_t;
 
 
+/* An upstream block's: omni_prefix_route. */
 typedef struct {
+    ngx_flag_t                  prefix_route;
+    ngx_uint_t                  max_waiting;
+} ngx_http_omni_srv_conf_t;
+
+
+typedef struct ngx_http_omni_redis_s       ngx_http_omni_redis_t;
+typedef struct ngx_http_omni_redis_conf_s  ngx_http_omni_redis_conf_t;
+
+
+struct ngx_http_omni_main_conf_s {
     ngx_shm_zone_t             *shm_zone;       /* the module's counters,
                                                    NULL until a location
                                                    uses the module */
     ngx_int_t                   request_id;     /* $request_id's index */
-} ngx_http_omni_main_conf_t;
+    ngx_http_omni_redis_conf_t *redis;          /* omni_redis, or NULL */
+    ngx_http_omni_redis_t      *redis_worker;   /* the worker's connection
+                                                   (init_process) */
+    ngx_array_t                 limit_zones;    /* omni_limit_zone's, of
+                                                   ngx_shm_zone_t * */
+};
 
 
 extern ngx_module_t  ngx_http_omni_module;
@@ -643,10 +747,28 @@ typedef enum {
     NGX_HTTP_OMNI_M_CLIENT_ABORT = 0,
     NGX_HTTP_OMNI_M_UPSTREAM_ERROR,
     NGX_HTTP_OMNI_M_AUTH_FAILED,
+    NGX_HTTP_OMNI_M_REDIS_UP,           /* gauge: workers connected */
+    NGX_HTTP_OMNI_M_REDIS_PENDING,      /* gauge: calls in flight */
+    NGX_HTTP_OMNI_M_REDIS_CONNECTS,
+    NGX_HTTP_OMNI_M_REDIS_DOWN,         /* calls failed, by why */
+    NGX_HTTP_OMNI_M_REDIS_TIMEOUT,
+    NGX_HTTP_OMNI_M_REDIS_BUSY,
+    NGX_HTTP_OMNI_M_REDIS_REPLY_ERROR,
+    NGX_HTTP_OMNI_M_LIMIT_FAIL_OPEN,    /* omni_limit_fail's decisions */
+    NGX_HTTP_OMNI_M_LIMIT_FAIL_CLOSED,
+    NGX_HTTP_OMNI_M_ROUTE_HIT,          /* omni_prefix_route's choices */
+    NGX_HTTP_OMNI_M_ROUTE_MISS,
+    NGX_HTTP_OMNI_M_ROUTE_FALLBACK,
     NGX_HTTP_OMNI_M_COUNTERS
 } ngx_http_omni_counter_e;
 
 void ngx_http_omni_count(ngx_http_request_t *r, ngx_http_omni_counter_e c);
+/* The same without a request: delta may be negative (gauges). */
+void ngx_http_omni_metric_add(ngx_http_omni_main_conf_t *omcf,
+    ngx_http_omni_counter_e c, ngx_atomic_int_t delta);
+/* One Redis round trip of us microseconds, into the histogram. */
+void ngx_http_omni_redis_observe(ngx_http_omni_main_conf_t *omcf,
+    uint64_t us);
 /* The module's counters as Prometheus text, appended after the engine's;
  * engine_up says whether the engine answered. */
 ngx_buf_t *ngx_http_omni_metrics_text(ngx_http_request_t *r,
@@ -677,6 +799,10 @@ ngx_int_t ngx_http_omni_metrics_init(ngx_conf_t *cf);
  * (configuration time). */
 ngx_int_t ngx_http_omni_auth(ngx_http_request_t *r,
     ngx_http_omni_loc_conf_t *olcf, ngx_http_omni_error_t *err);
+/* The request's Bearer token when omni_api_keys is off or knows it
+ * (NGX_OK), else NGX_DECLINED: the default key of omni_limit_zone. */
+ngx_int_t ngx_http_omni_api_key(ngx_http_request_t *r,
+    ngx_http_omni_loc_conf_t *olcf, ngx_str_t *key);
 char *ngx_http_omni_read_keys(ngx_conf_t *cf,
     ngx_http_omni_loc_conf_t *olcf);
 
@@ -748,6 +874,53 @@ ngx_int_t ngx_http_omni_audio_in_filter(void *data, ngx_chain_t *in);
 void ngx_http_omni_audio_in_stop(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx);
 
+
+/* ngx_http_omni_limit.c
+ *
+ * omni_limit_zone, omni_limit; the phase handlers (postconfiguration);
+ * admission: the prompt's tokens once the body is parsed (NGX_OK: taken
+ * or none to take; NGX_AGAIN: asked, ngx_http_omni_admitted() follows;
+ * NGX_DECLINED: refused, err filled; NGX_ERROR); the zones' metrics. */
+char *ngx_http_omni_limit_zone(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+char *ngx_http_omni_limit(ngx_conf_t *cf, ngx_command_t *cmd, void *conf);
+ngx_int_t ngx_http_omni_limit_init(ngx_conf_t *cf);
+ngx_int_t ngx_http_omni_limit_admit(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_http_omni_error_t *err);
+size_t ngx_http_omni_limit_metrics_len(ngx_http_omni_main_conf_t *omcf);
+u_char *ngx_http_omni_limit_metrics(u_char *p,
+    ngx_http_omni_main_conf_t *omcf);
+
+
+/* ngx_http_omni_route.c
+ *
+ * omni_prefix_route (an upstream block's); a chat request's prefix keys
+ * (its parser calls it); the lookup before the upstream (NGX_OK: nothing
+ * to wait for; NGX_AGAIN: asked, ngx_http_omni_admitted() follows;
+ * NGX_ERROR); x-omni-prefix; the variables. */
+char *ngx_http_omni_prefix_route(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+ngx_int_t ngx_http_omni_prefix_keys(ngx_http_request_t *r,
+    ngx_http_omni_req_t *req, yajl_val model, yajl_val salt, yajl_val msgs);
+ngx_int_t ngx_http_omni_route_lookup(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, ngx_http_omni_loc_conf_t *olcf);
+ngx_int_t ngx_http_omni_route_header(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx);
+ngx_int_t ngx_http_omni_route_add_variables(ngx_conf_t *cf);
+
+
+/* ngx_http_omni_body.c: one of the Redis answers a request waited on
+ * before its upstream is in. rc NGX_OK: it let the request go on (the
+ * upstream starts once none is due); NGX_DECLINED: the request is
+ * answered with err; NGX_ERROR: a 500. */
+void ngx_http_omni_admitted(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
+    ngx_int_t rc, ngx_http_omni_error_t *err);
+
+
+/* ngx_http_omni_module.c: the request's ctx, made on first use (the
+ * limits' preaccess handler, or the content handler). */
+ngx_http_omni_ctx_t *ngx_http_omni_get_ctx(ngx_http_request_t *r,
+    ngx_http_omni_loc_conf_t *olcf);
 
 /* ngx_http_omni_module.c: the endpoint of a request, its location's or
  * the one its URI names, NULL when none (also for requests answered

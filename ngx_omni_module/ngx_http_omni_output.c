@@ -435,6 +435,10 @@ ngx_http_omni_header_filter(ngx_http_request_t *r)
         return NGX_ERROR;
     }
 
+    if (ctx && ngx_http_omni_route_header(r, ctx) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
     status = r->err_status;
 
     if (status < NGX_HTTP_BAD_REQUEST) {

@@ -588,6 +588,16 @@ ngx_http_omni_engine_request(ngx_http_request_t *r,
 
     yajl_gen_free(g);
 
+    /* the names of its prefixes, for omni_prefix_route and nothing
+     * else: the engine computes them from what it gets */
+
+    if (rc == NGX_OK && kind == NGX_HTTP_OMNI_KIND_CHAT
+        && ngx_http_omni_prefix_keys(r, req, f->model, f->salt, f->input)
+           != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
     ngx_log_debug4(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
                    "omni request: stream:%ui usage:%ui seed:%V "
                    "engine json:%uz",

@@ -383,6 +383,7 @@ ngx_http_omni_header_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
         }
 
         ctx->done = 1;
+        ctx->usage_seen = 1;
 
         if (ngx_http_omni_seed_header(r, ctx) != NGX_OK) {
             return NGX_ERROR;
