@@ -279,7 +279,7 @@ ngx_http_omni_limit_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
             p = value[i].data + 5;
             last = value[i].data + value[i].len;
 
-            if (last - p < 5 || last[-2] != '/') {
+            if (last - p < 4 || last[-2] != '/') {
                 goto invalid;
             }
 

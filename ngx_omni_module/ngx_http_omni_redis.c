@@ -42,10 +42,12 @@
  * timeout. A reply to a late slot ends that; when none comes for 10 s the
  * connection is dropped and made again.
  *
- * Outages are logged once: the first failure (at error, with what failed
- * and Redis's own words for a refused handshake), not the reconnects and
- * failed calls after it (debug); the return at notice, with how long it
- * lasted and how many calls failed meanwhile.
+ * Outages are logged once per cause: the first failure (at error, with
+ * what failed and Redis's own words for a refused handshake), not the
+ * reconnects and failed calls after it that fail the same way (debug),
+ * but one that fails another way (the connection is back, AUTH is now
+ * refused); the return at notice, with how long it lasted and how many
+ * calls failed meanwhile.
  */
 
 
@@ -53,6 +55,7 @@
 #include <ngx_core.h>
 #include <ngx_http.h>
 #include <ngx_sha1.h>
+#include <ngx_crc32.h>
 
 #include <hiredis/async.h>
 
@@ -110,6 +113,8 @@ struct ngx_http_omni_redis_s {
     ngx_http_omni_redis_slot_t     *slots;
     ngx_http_omni_redis_slot_t     *free;
     ngx_uint_t                      outage;     /* logged, not over */
+    uint32_t                        outage_crc; /* of the words logged
+                                                   last */
     ngx_msec_t                      outage_start;
     ngx_uint_t                      outage_failed;
     ngx_uint_t                      up;         /* counted in the
@@ -754,28 +759,39 @@ ngx_http_omni_redis_drop(ngx_http_omni_redis_t *redis)
 static void
 ngx_http_omni_redis_fail(ngx_http_omni_redis_t *redis, const char *fmt, ...)
 {
-    u_char   *p, buf[NGX_MAX_ERROR_STR];
-    va_list   args;
+    u_char    *p, buf[NGX_MAX_ERROR_STR];
+    va_list    args;
+    uint32_t   crc;
 
     va_start(args, fmt);
     p = ngx_vslprintf(buf, buf + sizeof(buf), fmt, args);
     va_end(args);
 
-    if (redis->outage) {
+    /* the same words again (each reconnect refused, each call timed
+     * out) say nothing new: logged at debug; other words (the connection
+     * came back but AUTH is refused now) are logged */
+
+    crc = ngx_crc32_short(buf, p - buf);
+
+    if (redis->outage && crc == redis->outage_crc) {
         ngx_log_debug3(NGX_LOG_DEBUG_HTTP, redis->log, 0,
                        "omni redis: %V: %*s (outage goes on)",
                        &redis->conf->name, p - buf, buf);
         return;
     }
 
-    redis->outage = 1;
-    redis->outage_start = ngx_current_msec;
-    redis->outage_failed = 0;
+    redis->outage_crc = crc;
+
+    if (!redis->outage) {
+        redis->outage = 1;
+        redis->outage_start = ngx_current_msec;
+        redis->outage_failed = 0;
+    }
 
     ngx_log_error(NGX_LOG_ERR, redis->log, 0,
                   "omni redis: %V: %*s; until it answers again, "
                   "omni_limit_fail decides limits and requests are not "
-                  "routed by prefix (logged once per outage)",
+                  "routed by prefix (logged once per outage and cause)",
                   &redis->conf->name, p - buf, buf);
 }
 
