@@ -561,7 +561,8 @@ ngx_http_omni_route_lookup(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 
     for (peer = peers->peer; peer; peer = peer->next) {
         npeers++;
-        size += (rcf->ns.len + sizeof("load:") - 1 + peer->name.len)
+        size += peer->name.len
+                + (rcf->ns.len + sizeof("load:") - 1 + peer->name.len)
                 + nkeys * (rcf->ns.len + sizeof("px::") - 1 + peer->name.len
                            + NGX_HTTP_OMNI_PKEY_HEX);
     }
