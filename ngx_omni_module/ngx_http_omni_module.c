@@ -185,6 +185,13 @@ static ngx_command_t  ngx_http_omni_commands[] = {
       offsetof(ngx_http_omni_loc_conf_t, limit_fail),
       &ngx_http_omni_limit_fails },
 
+    { ngx_string("omni_route_header"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_FLAG,
+      ngx_conf_set_flag_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_omni_loc_conf_t, route_header),
+      NULL },
+
     { ngx_string("omni_prefix_route"),
       NGX_HTTP_UPS_CONF|NGX_CONF_NOARGS|NGX_CONF_TAKE1,
       ngx_http_omni_prefix_route,
@@ -747,6 +754,7 @@ ngx_http_omni_create_loc_conf(ngx_conf_t *cf)
     conf->api_keys = NGX_CONF_UNSET_PTR;
     conf->limits = NGX_CONF_UNSET_PTR;
     conf->limit_fail = NGX_CONF_UNSET_UINT;
+    conf->route_header = NGX_CONF_UNSET;
 
     /* the hardcoded values */
     conf->upstream.cyclic_temp_file = 0;
@@ -839,6 +847,8 @@ ngx_http_omni_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     ngx_conf_merge_ptr_value(conf->limits, prev->limits, NULL);
 
     ngx_conf_merge_uint_value(conf->limit_fail, prev->limit_fail, 1);
+
+    ngx_conf_merge_value(conf->route_header, prev->route_header, 1);
 
     if (conf->api_keys_file.data == NULL) {
         conf->api_keys_file = prev->api_keys_file;

@@ -469,6 +469,7 @@ typedef struct {
                                                    none */
     ngx_uint_t                  limit_fail;     /* omni_limit_fail: 1 open,
                                                    0 closed */
+    ngx_flag_t                  route_header;   /* omni_route_header */
 } ngx_http_omni_loc_conf_t;
 
 
@@ -897,7 +898,7 @@ u_char *ngx_http_omni_limit_metrics(u_char *p,
  * omni_prefix_route (an upstream block's); a chat request's prefix keys
  * (its parser calls it); the lookup before the upstream (NGX_OK: nothing
  * to wait for; NGX_AGAIN: asked, ngx_http_omni_admitted() follows;
- * NGX_ERROR); x-omni-prefix; the variables. */
+ * NGX_ERROR); x-omni-route; the variables. */
 char *ngx_http_omni_prefix_route(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 ngx_int_t ngx_http_omni_prefix_keys(ngx_http_request_t *r,

@@ -32,9 +32,9 @@
  *
  * The outcome: "hit" (sent to a holder), "miss" (no engine holds any
  * prefix of it), "fallback" (a holder exists but cannot take it, or
- * Redis did not answer); in the x-omni-prefix response header, the
- * $omni_prefix variable (and $omni_prefix_messages, $omni_prefix_tokens,
- * $omni_engine) and omni_nginx_route_total.
+ * Redis did not answer); in the $omni_prefix variable (and $omni_prefix_messages, $omni_prefix_tokens,
+ * $omni_engine), the x-omni-route response header (with the engine that
+ * answered) and omni_nginx_route_total.
  */
 
 
@@ -825,19 +825,65 @@ ngx_http_omni_route_result(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 }
 
 
-/* x-omni-prefix on a routed response (the header filter calls it) */
+/*
+ * x-omni-route on a routed chat response (the header filter calls it):
+ * how the engine was chosen, which one answered, and what it held:
+ *
+ *   x-omni-route: hit; engine=unix:/run/omni/a.sock; messages=6; tokens=1184
+ *   x-omni-route: miss; engine=unix:/run/omni/b.sock
+ *
+ * omni_route_header off leaves it out (engine addresses are the
+ * platform's business, not always its clients').
+ */
 
 ngx_int_t
 ngx_http_omni_route_header(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
 {
-    static ngx_str_t  key = ngx_string("x-omni-prefix");
+    u_char                    *p;
+    size_t                     len;
+    ngx_str_t                  value, *engine;
+    ngx_http_omni_loc_conf_t  *olcf;
+
+    static ngx_str_t  key = ngx_string("x-omni-route");
 
     if (ctx->route == NGX_HTTP_OMNI_ROUTE_NONE) {
         return NGX_OK;
     }
 
-    return ngx_http_omni_add_header(r, &key,
-                                    &ngx_http_omni_route_results[ctx->route]);
+    olcf = ngx_http_get_module_loc_conf(r, ngx_http_omni_module);
+
+    if (!olcf->route_header) {
+        return NGX_OK;
+    }
+
+    engine = (r->upstream && r->upstream->peer.name)
+             ? r->upstream->peer.name : NULL;
+
+    len = sizeof("fallback; engine=; messages=; tokens=") - 1
+          + (engine ? engine->len : 0) + 2 * NGX_INT_T_LEN;
+
+    p = ngx_pnalloc(r->pool, len);
+    if (p == NULL) {
+        return NGX_ERROR;
+    }
+
+    value.data = p;
+
+    p = ngx_cpymem(p, ngx_http_omni_route_results[ctx->route].data,
+                   ngx_http_omni_route_results[ctx->route].len);
+
+    if (engine) {
+        p = ngx_sprintf(p, "; engine=%V", engine);
+    }
+
+    if (ctx->route == NGX_HTTP_OMNI_ROUTE_HIT) {
+        p = ngx_sprintf(p, "; messages=%ui; tokens=%ui", ctx->route_messages,
+                        ctx->route_tokens);
+    }
+
+    value.len = p - value.data;
+
+    return ngx_http_omni_add_header(r, &key, &value);
 }
 
 
