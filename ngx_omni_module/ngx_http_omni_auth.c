@@ -9,12 +9,15 @@
  * configuration is, and the "Authorization: Bearer" check of each
  * request, in time that does not tell where a key differs. Apart from
  * the handler (ngx_http_omni_module.c) because a key is a secret: this is
- * the one file that touches one, and nothing here logs or echoes it.
+ * the one file that reads one, and nothing here logs or echoes it; what
+ * leaves it is the key for the limits to hash at once, or its tenant's
+ * name, a hash already.
  */
 
 #include <ngx_config.h>
 #include <ngx_core.h>
 #include <ngx_http.h>
+#include <ngx_sha1.h>
 
 #include "ngx_http_omni_module.h"
 
@@ -98,6 +101,31 @@ ngx_http_omni_api_key(ngx_http_request_t *r, ngx_http_omni_loc_conf_t *olcf,
     {
         return NGX_DECLINED;
     }
+
+    return NGX_OK;
+}
+
+
+ngx_int_t
+ngx_http_omni_tenant(ngx_http_request_t *r, ngx_http_omni_loc_conf_t *olcf,
+    u_char *name)
+{
+    u_char      digest[20];
+    ngx_str_t   key;
+    ngx_sha1_t  sha1;
+
+    if (olcf->api_keys == NULL
+        || ngx_http_omni_api_key(r, olcf, &key) != NGX_OK)
+    {
+        return NGX_DECLINED;
+    }
+
+    ngx_sha1_init(&sha1);
+    ngx_sha1_update(&sha1, key.data, key.len);
+    ngx_sha1_final(digest, &sha1);
+
+    name = ngx_cpymem(name, "key-", sizeof("key-") - 1);
+    ngx_hex_dump(name, digest, 8);
 
     return NGX_OK;
 }

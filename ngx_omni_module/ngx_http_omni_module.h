@@ -804,6 +804,12 @@ ngx_int_t ngx_http_omni_auth(ngx_http_request_t *r,
  * (NGX_OK), else NGX_DECLINED: the default key of omni_limit_zone. */
 ngx_int_t ngx_http_omni_api_key(ngx_http_request_t *r,
     ngx_http_omni_loc_conf_t *olcf, ngx_str_t *key);
+/* With omni_api_keys on, the request's tenant: "key-" and 16 hex digits
+ * of its key's SHA-1 at name (NGX_OK); NGX_DECLINED: no tenants. */
+#define NGX_HTTP_OMNI_TENANT_LEN  (sizeof("key-") - 1 + 16)
+
+ngx_int_t ngx_http_omni_tenant(ngx_http_request_t *r,
+    ngx_http_omni_loc_conf_t *olcf, u_char *name);
 char *ngx_http_omni_read_keys(ngx_conf_t *cf,
     ngx_http_omni_loc_conf_t *olcf);
 
@@ -902,7 +908,8 @@ u_char *ngx_http_omni_limit_metrics(u_char *p,
 char *ngx_http_omni_prefix_route(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 ngx_int_t ngx_http_omni_prefix_keys(ngx_http_request_t *r,
-    ngx_http_omni_req_t *req, yajl_val model, yajl_val salt, yajl_val msgs);
+    ngx_http_omni_req_t *req, yajl_val model, ngx_str_t *salt,
+    yajl_val msgs);
 ngx_int_t ngx_http_omni_route_lookup(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, ngx_http_omni_loc_conf_t *olcf);
 ngx_int_t ngx_http_omni_route_header(ngx_http_request_t *r,

@@ -592,7 +592,7 @@ ngx_http_omni_engine_request(ngx_http_request_t *r,
      * else: the engine computes them from what it gets */
 
     if (rc == NGX_OK && kind == NGX_HTTP_OMNI_KIND_CHAT
-        && ngx_http_omni_prefix_keys(r, req, f->model, f->salt, f->input)
+        && ngx_http_omni_prefix_keys(r, req, f->model, &f->salt, f->input)
            != NGX_OK)
     {
         return NGX_ERROR;
@@ -665,9 +665,9 @@ ngx_http_omni_gen_request(ngx_http_request_t *r, yajl_gen g,
         }
     }
 
-    if (f->salt != NULL) {
+    if (f->salt.len) {
         s |= ngx_http_omni_gen_str(g, "cache_salt");
-        s |= ngx_http_omni_gen_value(g, f->salt);
+        s |= yajl_gen_string(g, f->salt.data, f->salt.len);
     }
 
     s |= ngx_http_omni_gen_str(g, "seed");

@@ -46,7 +46,11 @@ typedef struct {
     yajl_val                    input;      /* messages, prompt string, or
                                                the text to speak */
     ngx_http_omni_speech_t      speech;
-    yajl_val                    salt;       /* prompt_cache_key, or NULL */
+    ngx_str_t                   salt;       /* the engine's cache_salt:
+                                               prompt_cache_key, behind
+                                               the tenant's name when
+                                               omni_api_keys is on; empty:
+                                               none */
     int64_t                     max_tokens; /* 0: none */
     int64_t                     seed;       /* the client's, or drawn */
 } ngx_http_omni_fields_t;

@@ -312,17 +312,17 @@ ngx_http_omni_route_usable(ngx_http_upstream_rr_peers_t *peers,
  * The prefix keys of a chat request (prefix_key.h), from its messages as
  * the engine will see them: req->prefix_keys, in order, each with the
  * number of messages it names; none past a message with audio. The
- * request's parser calls it with the fields it checked (model and salt
- * strings, the messages array). NGX_ERROR: no memory.
+ * request's parser calls it with the fields it checked (the model, the
+ * cache_salt it sends, the messages array). NGX_ERROR: no memory.
  */
 
 ngx_int_t
 ngx_http_omni_prefix_keys(ngx_http_request_t *r, ngx_http_omni_req_t *req,
-    yajl_val model, yajl_val salt, yajl_val msgs)
+    yajl_val model, ngx_str_t *salt, yajl_val msgs)
 {
     size_t      n, i;
     OmniPkey    key;
-    const char *m, *s;
+    const char *m;
 
     req->prefix_keys = NULL;
 
@@ -331,9 +331,9 @@ ngx_http_omni_prefix_keys(ngx_http_request_t *r, ngx_http_omni_req_t *req,
     }
 
     m = (model && YAJL_IS_STRING(model)) ? model->u.string : "";
-    s = (salt && YAJL_IS_STRING(salt)) ? salt->u.string : "";
 
-    key = omni_pkey_root(m, ngx_strlen(m), s, ngx_strlen(s));
+    key = omni_pkey_root(m, ngx_strlen(m), (const char *) salt->data,
+                         salt->len);
 
     /* how many messages the chain runs through: up to the first one
      * with audio, or one the engine will refuse */

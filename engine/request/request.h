@@ -103,7 +103,7 @@
 #include "speech.h"
 
 #define REQ_MAX_MESSAGES 4096
-#define REQ_MAX_SALT     256
+#define REQ_MAX_SALT     320         // nginx: 256 of prompt_cache_key, behind a tenant name
 #define REQ_MAX_AUDIO_IN 16
 #define REQ_MAX_AUDIO_SECONDS_DEFAULT 600
 
