@@ -52,11 +52,17 @@ typedef struct {
     bool     dirty;             // on the dirty list
 } MEntry;
 
-/* What failed, for the log line: an outage is logged again only when it
- * changes. */
+/* What failed, for the log line. */
 typedef enum {
     F_NONE = 0, F_REFUSED, F_TIMEOUT, F_CLOSED, F_AUTH, F_REPLY, F_OTHER,
 } Fail;
+
+/* An outage is logged once, and again only if its class changes: Redis
+ * unreachable (refused, timed out, closed: the usual restart goes through
+ * several) or Redis refusing us (a wrong password: what to fix). */
+static bool refusal(Fail f) {
+    return f == F_AUTH || f == F_REPLY;
+}
 
 struct Publisher {
     PubConfig        c;             // its strings point into strs
@@ -362,7 +368,7 @@ static Fail ctx_fail(const redisContext *rc) {
 }
 
 /* Closes the connection after a failure and schedules the reconnect (and
- * its full resync). The log line goes out once per outage and kind:
+ * its full resync). The log line goes out once per outage (see refusal):
  * what was being done, the kind, and detail (Redis's error, or the
  * system's). */
 static void fail(Publisher *p, Fail kind, const char *doing,
@@ -373,9 +379,9 @@ static void fail(Publisher *p, Fail kind, const char *doing,
     if (kind == F_TIMEOUT || kind == F_CLOSED) {
         detail = NULL;                  // the kind says it all
     }
-    if (p->logged != kind) {
+    if (p->logged == F_NONE || refusal(p->logged) != refusal(kind)) {
         if (p->logged == F_NONE) p->down_since = now;
-        log_msg(kind == F_AUTH || kind == F_REPLY ? LOG_ERROR : LOG_WARN,
+        log_msg(refusal(kind) ? LOG_ERROR : LOG_WARN,
                 "thinker: redis %s: %s: %s%s%s%s; prefix keys are not "
                 "published until it works, retrying", p->c.addr_text,
                 doing, fail_words(kind), detail ? " (\"" : "",
