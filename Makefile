@@ -210,8 +210,9 @@ $(BUILD)/asan/t/%: t/unit/%.c $(BUILD)/asan/libomni.a
 	$(CC) $(CFLAGS) $(ALL_INCS) $(ASAN_FLAGS) -It/unit -MMD -MP -o $@ $< \
 	    $(BUILD)/asan/libomni.a -lcmocka $(LDLIBS)
 
-# The thread pool's lock-free protocol, the helper thread's queue and the
-# shared-memory pool's threads also run under ThreadSanitizer.
+# The thread pool's lock-free protocol, the helper thread's queue, the
+# shared-memory pool's threads and the prefix publisher's queue also run
+# under ThreadSanitizer.
 TSAN_BINS := $(BUILD)/tsan/t/test_threadpool $(BUILD)/tsan/t/test_workq \
              $(BUILD)/tsan/t/test_pool
 
@@ -222,6 +223,14 @@ $(BUILD)/tsan/t/test_workq $(BUILD)/tsan/t/test_pool: $(BUILD)/tsan/t/%: \
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(ALL_INCS) -O1 -fsanitize=thread -o $@ $^ -lcmocka \
 	    -pthread
+
+# The prefix publisher's queue between the thinker's loop and its thread.
+TSAN_BINS += $(BUILD)/tsan/t/test_prefix_pub
+$(BUILD)/tsan/t/test_prefix_pub: t/unit/test_prefix_pub.c \
+                                 engine/thinker/prefix_pub.c engine/base/log.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(ALL_INCS) -O1 -fsanitize=thread -o $@ $^ -lcmocka \
+	    -lhiredis -lxxhash -pthread
 
 $(BUILD)/tsan/t/test_threadpool: t/unit/test_threadpool.c \
                                  kernels/cpu/threadpool.c

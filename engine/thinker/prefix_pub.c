@@ -109,7 +109,7 @@ struct Publisher {
 /* ---- Configuration ------------------------------------------------------ */
 
 int redis_addr_parse(const char *s, RedisAddr *a, Err *err) {
-    const char *colon;
+    const char *colon, *host;
     char       *end;
     long        port;
     size_t      hl;
@@ -135,16 +135,17 @@ int redis_addr_parse(const char *s, RedisAddr *a, Err *err) {
     {
         return err_set(err, "'%s': the port must be 1..65535", s);
     }
+    host = s;
     hl = (size_t) (colon - s);
     if (hl >= 2 && s[0] == '[' && s[hl - 1] == ']') {
-        s++;
+        host++;
         hl -= 2;
     }
     if (hl == 0 || hl >= sizeof(a->host)) {
         return err_set(err, "'%s': the host must be 1 to %zu bytes", s,
                        sizeof(a->host) - 1);
     }
-    memcpy(a->host, s, hl);
+    memcpy(a->host, host, hl);
     a->port = (int) port;
     return 0;
 }
@@ -342,7 +343,7 @@ static void stat_add(_Atomic uint64_t *c, uint64_t n) {
 
 static const char *fail_words(Fail f) {
     static const char *w[] = {
-        [F_NONE] = "", [F_REFUSED] = "connection refused",
+        [F_NONE] = "", [F_REFUSED] = "cannot connect",
         [F_TIMEOUT] = "timed out", [F_CLOSED] = "connection closed",
         [F_AUTH] = "authentication failed", [F_REPLY] = "command refused",
         [F_OTHER] = "connection failed",

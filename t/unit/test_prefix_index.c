@@ -63,7 +63,8 @@ static void fix_free(Fix *f) {
 }
 
 static OmniPkey key(int i) {
-    OmniPkey k = { 0x1000 + (uint64_t) i, 0x9e3779b97f4a7c15ULL * (uint64_t) i };
+    OmniPkey k = { 0x1000 + (uint64_t) i,
+                   0x9e3779b97f4a7c15ULL * (uint64_t) i };
 
     return k;
 }

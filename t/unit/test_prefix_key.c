@@ -83,7 +83,7 @@ static void assert_hex(OmniPkey k, const char *want) {
 }
 
 
-/* ---- XXH3 and the byte stream --------------------------------------------- */
+/* ---- XXH3 and the byte stream ------------------------------------------- */
 
 static void test_xxh3(void **state) {
     XXH128_hash_t h = XXH3_128bits("", 0);
