@@ -133,13 +133,13 @@ static void test_no_redis(void **state) {
     assert_non_null(p);
     for (int i = 0; i < 100; i++) assert_true(pub_push(p, &o));
     assert_true(pub_room(p) > 0);
-    nap(0.5);
+    nap(0.8);                           // tries at 0, 0.1, 0.3, 0.7 s
     assert_int_equal(atomic_load(&st->thinker.redis_up), 0);
     assert_true(atomic_load(&st->thinker.redis_errors) >= 2);
     assert_false(pub_want_resend(p));
     t0 = clock_now_s();
     pub_stop(p);
-    assert_true(clock_now_s() - t0 < 1.0);
+    assert_true(clock_now_s() - t0 < 3.0);    // no wait for a timeout
     free(st);
 }
 
@@ -298,6 +298,7 @@ int main(void) {
         cmocka_unit_test(test_live),
     };
 
+    log_set_level(LOG_ERROR);           // test_no_redis's outage: quiet
     cmocka_set_message_output(CM_OUTPUT_TAP);
     return cmocka_run_group_tests_name("prefix_pub", tests, NULL, NULL);
 }
