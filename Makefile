@@ -17,7 +17,7 @@ BUILD     := build
 OPT       ?= -O2
 CFLAGS    := -std=c11 $(OPT) -g -Wall -Wextra -Werror -Wshadow \
              -Wno-unused-parameter -D_GNU_SOURCE -pthread
-LDLIBS    := -lpcre2-8 -lyajl -lm -pthread
+LDLIBS    := -lpcre2-8 -lyajl -lhiredis -lxxhash -lm -pthread
 
 # Per-ISA kernel files get their instruction set; the dispatcher picks one at
 # run time, so the binary runs on any x86-64.
@@ -47,8 +47,8 @@ ISA_neon    := -march=armv8.2-a+dotprod
 
 # Cross builds: `make ARCH=aarch64 [targets]` builds the engine and its unit
 # tests for another architecture into build/aarch64 (or BUILD) with Debian's
-# cross compiler (or CC), against Debian's builds of PCRE2, yajl and cmocka
-# for it, which t/cross-libs unpacks into the cache; `make cross-deps`
+# cross compiler (or CC), against Debian's builds of PCRE2, yajl, hiredis,
+# xxhash and cmocka for it, which t/cross-libs unpacks into the cache; `make cross-deps`
 # installs all of it. The C library is the cross compiler's
 # (/usr/aarch64-linux-gnu); the libraries' folder is the binaries' run path,
 # so `qemu-aarch64 -L /usr/aarch64-linux-gnu BINARY` runs them
@@ -210,8 +210,9 @@ $(BUILD)/asan/t/%: t/unit/%.c $(BUILD)/asan/libomni.a
 	$(CC) $(CFLAGS) $(ALL_INCS) $(ASAN_FLAGS) -It/unit -MMD -MP -o $@ $< \
 	    $(BUILD)/asan/libomni.a -lcmocka $(LDLIBS)
 
-# The thread pool's lock-free protocol, the helper thread's queue and the
-# shared-memory pool's threads also run under ThreadSanitizer.
+# The thread pool's lock-free protocol, the helper thread's queue, the
+# shared-memory pool's threads and the prefix publisher's queue also run
+# under ThreadSanitizer.
 TSAN_BINS := $(BUILD)/tsan/t/test_threadpool $(BUILD)/tsan/t/test_workq \
              $(BUILD)/tsan/t/test_pool
 
@@ -222,6 +223,14 @@ $(BUILD)/tsan/t/test_workq $(BUILD)/tsan/t/test_pool: $(BUILD)/tsan/t/%: \
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(ALL_INCS) -O1 -fsanitize=thread -o $@ $^ -lcmocka \
 	    -pthread
+
+# The prefix publisher's queue between the thinker's loop and its thread.
+TSAN_BINS += $(BUILD)/tsan/t/test_prefix_pub
+$(BUILD)/tsan/t/test_prefix_pub: t/unit/test_prefix_pub.c \
+                                 engine/thinker/prefix_pub.c engine/base/log.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(ALL_INCS) -O1 -fsanitize=thread -o $@ $^ -lcmocka \
+	    -lhiredis -lxxhash -pthread
 
 $(BUILD)/tsan/t/test_threadpool: t/unit/test_threadpool.c \
                                  kernels/cpu/threadpool.c
@@ -313,7 +322,8 @@ $(BUILD)/bench/flite_say: bench/flite_say.c
 
 # Debian packages: build, then tests. `make deps` installs only what is
 # missing, so it is quick on a machine that has them.
-BUILD_PKGS := gcc make libpcre2-dev libyajl-dev nginx nginx-dev \
+BUILD_PKGS := gcc make libpcre2-dev libyajl-dev libhiredis-dev libxxhash-dev \
+              nginx nginx-dev \
               flite1-dev libsoxr-dev libmp3lame-dev libopusenc-dev \
               libopus-dev libflac-dev libavcodec-dev libmpg123-dev \
               libopusfile-dev libpocketsphinx-dev libsphinxbase-dev \
@@ -322,7 +332,7 @@ BUILD_PKGS := gcc make libpcre2-dev libyajl-dev nginx nginx-dev \
 TEST_PKGS  := libsndfile1-dev libmpg123-dev libopusfile-dev libfaad-dev \
               libcmocka-dev clang libclang-rt-14-dev perl git ca-certificates curl \
               nginx nginx-dev nodejs $(if $(shell command -v npm),,npm) \
-              pocketsphinx-testdata lame flac opus-tools
+              pocketsphinx-testdata lame flac opus-tools redis-server
 BENCH_PKGS := cmake g++ git ca-certificates $(if $(shell command -v npm),,npm) \
               pocketsphinx pocketsphinx-en-us libpocketsphinx-dev
 

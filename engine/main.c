@@ -7,6 +7,7 @@
  *   omni-engine serve      --model PATH --socket PATH [serve options]
  *   omni-engine stage thinker --ipc-fd N --stats-fd N [serve options]
  *   omni-engine client     --socket PATH --prompt TEXT [...] | --health ...
+ *   omni-engine prefix-keys --request JSON [--model PATH] [--block-size N]
  *
  * Each subcommand builds its objects in order and frees them in reverse.
  * Every error ends the process with status 1 and one line on stderr,
@@ -31,6 +32,8 @@
 #include "log.h"
 #include "make_model.h"
 #include "model.h"
+#include "prefix_cli.h"
+#include "prefix_pub.h"
 #include "request.h"
 #include "runtime.h"
 #include "serve.h"
@@ -268,7 +271,7 @@ static char *render_chat(const Runtime *rt, const char *system,
     }
     if (system != NULL) msgs[n++] = (ChatMsg) { "system", system };
     msgs[n++] = (ChatMsg) { "user", user };
-    if (runtime_render_chat(rt, msgs, n, &buf, &cap, &err) < 0) {
+    if (runtime_render_chat(rt, msgs, n, &buf, &cap, NULL, &err) < 0) {
         die("chat template: %s", err.msg);
     }
     return buf;
@@ -553,7 +556,9 @@ static const char *const SERVE_VALS[] = {
     "stage-kill-after", "log-level", "lock-file", "pool-blocks",
     "pool-block-kib", "voicebox-slots", "speech-first-words",
     "speech-chunk-words", "speech-quality-words", "listener-slots",
-    "listener-buffer-mib", "listener-model", NULL
+    "listener-buffer-mib", "listener-model", "redis", "redis-password-file",
+    "redis-user", "redis-db", "redis-namespace", "route-id", "prefix-ttl",
+    NULL
 };
 static const char *const SERVE_FLAGS[] = {
     "mmap", "no-prefix-cache", "replace", NULL
@@ -567,6 +572,79 @@ static LogLevel parse_log_level(const char *s) {
     }
     die("option '--log-level' must be debug, info, warn or error, not '%s'",
         s);
+}
+
+/* Whether s is 0 to max bytes with no whitespace or control character:
+ * a Redis key part and an nginx server name both take it as it is. */
+static bool key_part_ok(const char *s, size_t max) {
+    size_t n = strlen(s);
+
+    if (n > max) return false;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char) s[i];
+
+        if (c <= 0x20 || c == 0x7f) return false;
+    }
+    return true;
+}
+
+/* The prefix routing options (--redis and those that need it). The
+ * password file is read here too, so that serve refuses a bad one at
+ * start; the thinker reads it again for itself. */
+static void read_redis(const Opts *o, ServeConfig *c) {
+    static const char *const needs[] = {
+        "redis-password-file", "redis-user", "redis-db", "redis-namespace",
+        "route-id", "prefix-ttl", NULL
+    };
+    RedisAddr   a;
+    Err         err;
+    char        pw[PUB_PASSWORD_MAX];
+    const char *route;
+
+    c->redis = opt_str(o, "redis", NULL);
+    if (c->redis == NULL) {
+        for (int i = 0; needs[i] != NULL; i++) {
+            if (opt_str(o, needs[i], NULL) != NULL) {
+                die("option '--%s' needs '--redis'", needs[i]);
+            }
+        }
+        return;
+    }
+    if (redis_addr_parse(c->redis, &a, &err) != 0) {
+        die("option '--redis': %s", err.msg);
+    }
+    c->redis_password_file = opt_str(o, "redis-password-file", NULL);
+    if (c->redis_password_file != NULL
+        && redis_read_password(c->redis_password_file, pw, sizeof(pw), &err)
+           != 0)
+    {
+        die("option '--redis-password-file': %s", err.msg);
+    }
+    explicit_bzero(pw, sizeof(pw));
+    c->redis_user = opt_str(o, "redis-user", NULL);
+    if (c->redis_user != NULL && (c->redis_user[0] == '\0'
+                                  || !key_part_ok(c->redis_user, 255)))
+    {
+        die("option '--redis-user' must be a name of 1 to 255 bytes");
+    }
+    if (c->redis_user != NULL && c->redis_password_file == NULL) {
+        die("option '--redis-user' needs '--redis-password-file'");
+    }
+    c->redis_db = (int) opt_int(o, "redis-db", 0, 0, 1 << 20);
+    c->redis_namespace = opt_str(o, "redis-namespace", "omni:");
+    if (!key_part_ok(c->redis_namespace, 64)) {
+        die("option '--redis-namespace' must be at most 64 bytes without "
+            "spaces or control characters, not '%s'", c->redis_namespace);
+    }
+    c->route_id = opt_str(o, "route-id", NULL);
+    route = c->route_id != NULL ? c->route_id : c->socket_path;
+    if (route == NULL || route[0] == '\0'
+        || !key_part_ok(route, c->route_id != NULL ? 255 : 250))
+    {
+        die("option '--route-id' (by default 'unix:' and '--socket') must "
+            "be 1 to 255 bytes without spaces or control characters");
+    }
+    c->prefix_ttl_s = (int) opt_int(o, "prefix-ttl", 300, 3, 86400);
 }
 
 /* Fills c from the serve options; name (cap bytes) holds a derived model
@@ -635,6 +713,7 @@ static void read_serve(const Opts *o, ServeConfig *c, char *name, size_t cap)
     c->listener_buffer_mib = (int) opt_int(o, "listener-buffer-mib", 0, 1,
                                            1 << 20);
     c->listener_model = opt_str(o, "listener-model", NULL);
+    read_redis(o, c);
     log_set_level(parse_log_level(opt_str(o, "log-level", "info")));
 }
 
@@ -699,6 +778,25 @@ static int cmd_stage(int argc, char **argv) {
     c.pool_fd = (int) opt_int(&o, "pool-fd", 0, 1, 1 << 20);
     c.stage_owner = (uint16_t) opt_int(&o, "stage-owner", 0, 1, 0xFFFF);
     if (stage_main(ops, &c, ipc, stats, &err) != 0) die("%s", err.msg);
+    return 0;
+}
+
+
+/* ---- prefix-keys ------------------------------------------------------- */
+
+static int cmd_prefix_keys(int argc, char **argv) {
+    static const char *vals[] = { "model", "request", "block-size", NULL };
+    Opts            o = { .n = 0 };
+    PrefixCliParams p;
+    Err             err;
+
+    opts_add(&o, vals, false);
+    opts_parse(&o, argc, argv);
+    p.request = opt_need(&o, "request");
+    p.request_len = strlen(p.request);
+    p.model_path = opt_str(&o, "model", NULL);
+    p.block_size = (int) opt_int(&o, "block-size", 16, 1, 1024);
+    if (prefix_cli_run(&p, stdout, &err) != 0) die("%s", err.msg);
     return 0;
 }
 
@@ -807,9 +905,16 @@ static void usage(FILE *f) {
           "[--speech-quality-words 40]\n"
           "             [--listener-slots N] [--listener-buffer-mib 256]\n"
           "             [--listener-model DIR]\n"
+          "             [--redis unix:/path|host:port "
+          "[--redis-password-file PATH]\n"
+          "             [--redis-user NAME] [--redis-db N]\n"
+          "             [--redis-namespace omni:] [--route-id ID]\n"
+          "             [--prefix-ttl 300]]\n"
           "  stage      NAME --ipc-fd N --stats-fd N [--pool-fd N]\n"
           "             [--stage-owner N] [serve options]\n"
           "             (started by serve, not by hand)\n"
+          "  prefix-keys --request JSON [--model PATH] [--block-size 16]\n"
+          "             (a chat request's prefix keys: I HEX TOKENS lines)\n"
           "  client     --socket PATH --prompt TEXT [--chat] [--model NAME]\n"
           "             [--max-tokens N] [--temperature T] [--seed S]\n"
           "             [--top-p P] [--top-k K] [--stop TEXT]... [--usage]\n"
@@ -827,6 +932,7 @@ static const struct {
     { "make-model", cmd_make_model },
     { "serve",      cmd_serve },
     { "stage",      cmd_stage },
+    { "prefix-keys", cmd_prefix_keys },
     { "client",     cmd_client },
 };
 

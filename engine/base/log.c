@@ -48,11 +48,13 @@ void log_msg(LogLevel level, const char *fmt, ...) {
     va_list ap;
 
     if (level < log_level) return;
+    flockfile(stderr);                  // one line, whichever thread
     fprintf(stderr, "omni-engine [%s] ", tags[level]);
     va_start(ap, fmt);
     vfprintf(stderr, fmt, ap);
     va_end(ap);
     fputc('\n', stderr);
+    funlockfile(stderr);
 }
 
 double clock_now_s(void) {

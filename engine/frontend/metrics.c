@@ -209,6 +209,8 @@ static void label_value(TextBuf *b, const char *s) {
 
 #define LOAD(f) atomic_load_explicit(&stats->f, memory_order_relaxed)
 
+static void metrics_prefix(TextBuf *b, const OmniStats *stats);
+
 void metrics_thinker(TextBuf *b, const OmniStats *stats) {
     int64_t total = LOAD(thinker.kv_blocks_total);
     int64_t used = LOAD(thinker.kv_blocks_used);
@@ -235,6 +237,28 @@ void metrics_thinker(TextBuf *b, const OmniStats *stats) {
             LOAD(thinker.steps));
     counter(b, "step_tokens_total", "Tokens run in those forward passes.",
             LOAD(thinker.step_tokens));
+    if (LOAD(thinker.prefix_publishing)) metrics_prefix(b, stats);
+}
+
+/* Prefix routing's, drawn with --redis only: without it there is nothing
+ * to be up or down. */
+static void metrics_prefix(TextBuf *b, const OmniStats *stats) {
+    gauge(b, "prefix_keys_held", "Prefix keys (conversation prefixes) the "
+          "KV cache holds and Redis is told of.",
+          (double) LOAD(thinker.prefix_keys_held));
+    counter(b, "prefix_keys_published_total", "Prefix keys published "
+            "(their KV blocks were computed).",
+            LOAD(thinker.prefix_keys_published));
+    counter(b, "prefix_keys_removed_total", "Prefix keys removed (their KV "
+            "blocks were evicted, or the index was full).",
+            LOAD(thinker.prefix_keys_removed));
+    gauge(b, "redis_up", "1 while the prefix publisher is connected to "
+          "Redis.", (double) LOAD(thinker.redis_up));
+    counter(b, "redis_errors_total", "Failed Redis connects and commands "
+            "of the prefix publisher.", LOAD(thinker.redis_errors));
+    counter(b, "prefix_resyncs_total", "Times every prefix key was written "
+            "to Redis again (each connect, and after lost updates).",
+            LOAD(thinker.prefix_resyncs));
 }
 
 /* The talker's counters (they add up over restarts: the page outlives

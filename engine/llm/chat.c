@@ -31,6 +31,7 @@ typedef struct {
     char   *buf;
     size_t  cap;
     size_t  len;        // bytes produced so far, stored or not
+    size_t *ends;       // (n,) where each message's rendering ends, or NULL
 } Out;
 
 /* Families that print the role name: open role mid content close. */
@@ -217,6 +218,11 @@ static void put_content(Out *o, const char *s, bool trim) {
     if (trim) put_trimmed(o, s); else put_str(o, s);
 }
 
+/* Message i and everything before it are out. */
+static void end_msg(Out *o, int i) {
+    if (o->ends != NULL) o->ends[i] = o->len;
+}
+
 
 /* ---- roles ---- */
 
@@ -274,6 +280,7 @@ static void render_tagged(Out *o, const TaggedFormat *f, const ChatMsg *msgs,
         put_str(o, f->mid);
         put_content(o, msgs[i].content, f->trim);
         put_str(o, f->close);
+        end_msg(o, i);
     }
     if (gen) put_str(o, f->gen);
 }
@@ -306,6 +313,7 @@ static void render_llama2(Out *o, ChatTemplate t, const ChatMsg *msgs,
             put_str(o, "</s>");
             inside = false;
         }
+        end_msg(o, i);
     }
 }
 
@@ -339,6 +347,7 @@ static void render_mistral(Out *o, ChatTemplate t, const ChatMsg *msgs,
             put_str(o, "</s>");
             inside = false;
         }
+        end_msg(o, i);
     }
 }
 
@@ -358,12 +367,15 @@ static void render_mistral_v7(Out *o, ChatTemplate t, const ChatMsg *msgs,
         put_str(o, msgs[i].content);
         put_str(o, is_role(r, "system") ? "[/SYSTEM_PROMPT]"
                    : is_role(r, "user") ? "[/INST]" : "</s>");
+        end_msg(o, i);
     }
 }
 
 /* Gemma has no system role: trimmed system texts pending since the last
  * user turn (pend..i) are glued together and open the next user turn,
- * followed by a blank line. "assistant" is called "model". */
+ * followed by a blank line. "assistant" is called "model". A system
+ * message's end is where the text before it ends: its own is not out
+ * until the next user turn. */
 static void render_gemma(Out *o, const ChatMsg *msgs, int n, bool gen) {
     int pend = 0;
 
@@ -371,7 +383,10 @@ static void render_gemma(Out *o, const ChatMsg *msgs, int n, bool gen) {
         bool   user = is_role(msgs[i].role, "user");
         size_t before;
 
-        if (is_role(msgs[i].role, "system")) continue;
+        if (is_role(msgs[i].role, "system")) {
+            end_msg(o, i);
+            continue;
+        }
         put_str(o, user ? "<start_of_turn>user\n" : "<start_of_turn>model\n");
         if (user) {
             before = o->len;
@@ -385,6 +400,7 @@ static void render_gemma(Out *o, const ChatMsg *msgs, int n, bool gen) {
         }
         put_trimmed(o, msgs[i].content);
         put_str(o, "<end_of_turn>\n");
+        end_msg(o, i);
     }
     if (gen) put_str(o, "<start_of_turn>model\n");
 }
@@ -398,13 +414,15 @@ static void render_plain(Out *o, const ChatMsg *msgs, int n, bool gen) {
                    : is_role(r, "user") ? "User: " : "Assistant: ");
         put_str(o, msgs[i].content);
         put_str(o, "\n\n");
+        end_msg(o, i);
     }
     if (gen) put_str(o, "Assistant:");
 }
 
 long chat_render(ChatTemplate t, const ChatMsg *msgs, int n,
-                 bool add_generation_prompt, char *buf, size_t cap, Err *err) {
-    Out o = { buf, cap, 0 };
+                 bool add_generation_prompt, char *buf, size_t cap,
+                 size_t *ends, Err *err) {
+    Out o = { buf, cap, 0, ends };
 
     if ((int) t < 0 || (int) t >= CHAT_N_TEMPLATES) {
         return err_set(err, "chat template %d is unknown", (int) t);

@@ -79,8 +79,17 @@ int          chat_from_name(const char *name);
  * with more room), or -1 with err set for a role the template cannot
  * express. Roles are "system", "user", "assistant"; chatml, llama3, phi3
  * and zephyr print the role itself and so also take any other name of
- * letters, digits, '_' and '-' ("tool"). The messages are only read. */
+ * letters, digits, '_' and '-' ("tool"). The messages are only read.
+ *
+ * ends (n entries, or NULL) gets where each message's rendering ends:
+ * bytes [0, ends[i]) depend on messages 0..i alone, so every request
+ * whose first i + 1 messages are these renders them alike (what prefix
+ * routing needs, prefix_keys.h). Where a template holds a message's text
+ * back until a later one (Gemma's system text opens the next user turn),
+ * that message's end is where the text before it ends: earlier, never
+ * later. Set even when the text does not fit cap. */
 long chat_render(ChatTemplate t, const ChatMsg *msgs, int n,
-                 bool add_generation_prompt, char *buf, size_t cap, Err *err);
+                 bool add_generation_prompt, char *buf, size_t cap,
+                 size_t *ends, Err *err);
 
 #endif

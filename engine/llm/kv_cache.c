@@ -150,6 +150,7 @@ static void pool_reset(KVCache *kv) {
     kv->n_cached = kv->n_used = 0;
     kv->lru_head = kv->lru_tail = -1;
     kv->evictions = 0;
+    kv->unpublished = 0;
 }
 
 int kv_init(KVCache *kv, int n_layers, int n_kv_heads, int head_dim,
@@ -227,7 +228,7 @@ static void lru_unlink(KVCache *kv, int32_t b) {
     m->lru_prev = m->lru_next = -1;
 }
 
-static int32_t *bucket(KVCache *kv, uint64_t hash) {
+static int32_t *bucket(const KVCache *kv, uint64_t hash) {
     return &kv->buckets[hash & (uint64_t) (kv->n_buckets - 1)];
 }
 
@@ -259,6 +260,7 @@ static void unpublish(KVCache *kv, int32_t b) {
     *link = kv->meta[b].hash_next;
     kv->meta[b].hash_next = -1;
     kv->meta[b].published = false;
+    kv->unpublished++;
 }
 
 /* True (after logging) when b is not a block of this cache, or is not in
@@ -317,6 +319,14 @@ void kv_release_block(KVCache *kv, int32_t block) {
     } else {
         kv->free_stack[kv->n_free++] = block;
     }
+}
+
+int32_t kv_find(const KVCache *kv, uint64_t hash) {
+    if (kv->buckets == NULL) return -1;
+    for (int32_t b = *bucket(kv, hash); b >= 0; b = kv->meta[b].hash_next) {
+        if (kv->meta[b].hash == hash) return b;
+    }
+    return -1;
 }
 
 int32_t kv_lookup(KVCache *kv, uint64_t hash, uint64_t parent,

@@ -69,6 +69,10 @@ typedef struct {
     int64_t   n_cached;         // blocks in the cached state
     int64_t   n_used;           // blocks in the used state
     uint64_t  evictions;        // cached blocks reused for new data
+    uint64_t  unpublished;      // published blocks no longer findable
+                                //   (evicted, or dropped by
+                                //   kv_evict_all): while it stays, every
+                                //   hash kv_find found is still there
 } KVCache;
 
 /* Allocates n_blocks blocks of block_size tokens for the given shape.
@@ -101,6 +105,13 @@ uint64_t kv_block_hash(uint64_t parent, const int32_t *tokens, int n);
  * becomes used) and returns it; -1 on a miss. */
 int32_t  kv_lookup(KVCache *kv, uint64_t hash, uint64_t parent,
                    const int32_t *tokens);
+/* Whether a block with this chain hash is published (used or cached),
+ * without touching it: no reference, no LRU move. For a caller that
+ * remembers hashes (the prefix index, thinker/prefix_index.h) and asks
+ * whether they are still held; a 64-bit collision could make it say yes
+ * wrongly, which costs that caller a routing hint, nothing else. Returns
+ * the block, or -1. O(1) expected; can't fail. */
+int32_t  kv_find(const KVCache *kv, uint64_t hash);
 /* Makes a used, full block findable: the sequence holding it has written
  * all block_size tokens' K/V (tokens is copied). When an identical block is
  * already published this one is left unpublished (one copy is enough); a

@@ -65,11 +65,12 @@ int  runtime_backend(Runtime *rt, int n_threads, const char *isa,
 
 /* Renders n messages with rt->tmpl into *buf (*cap bytes; both may be
  * NULL/0), growing it with realloc when it is short: *buf stays the
- * caller's, to reuse or free. Returns the length, or -1 with err set (a
- * role the template cannot express, out of memory). Only reads rt, so it
- * may run on a helper thread. */
+ * caller's, to reuse or free. ends (n entries, or NULL) as chat_render's.
+ * Returns the length, or -1 with err set (a role the template cannot
+ * express, out of memory). Only reads rt, so it may run on a helper
+ * thread. */
 long runtime_render_chat(const Runtime *rt, const ChatMsg *msgs, int n,
-                         char **buf, size_t *cap, Err *err);
+                         char **buf, size_t *cap, size_t *ends, Err *err);
 
 /* Frees what rt holds, in reverse order of building. Can't fail. */
 void runtime_free(Runtime *rt);

@@ -770,6 +770,14 @@ bool tokenizer_is_eog(const Tokenizer *tk, int32_t id) {
     return eog_has(tk, id);
 }
 
+bool tokenizer_is_special(const Tokenizer *tk, int32_t id) {
+    return id >= 0 && id < tk->n_vocab && (tk->attr[id] & ATTR_SPECIAL);
+}
+
+bool tokenizer_space_prefix(const Tokenizer *tk) {
+    return tk->model == MODEL_SPM && tk->add_space_prefix;
+}
+
 int32_t tokenizer_find(const Tokenizer *tk, const char *s) {
     return find_c(tk, s);
 }

@@ -52,6 +52,15 @@ bool       tokenizer_adds_bos(const Tokenizer *tk);
 bool       tokenizer_is_eog(const Tokenizer *tk, int32_t id);
 /* Id of a token whose text is exactly s, or -1. */
 int32_t    tokenizer_find(const Tokenizer *tk, const char *s);
+/* Whether id is one of the special tokens encoding cuts out of the text
+ * as whole strings (control, user-defined, unknown; control ones only
+ * with parse_special). False for ids outside the vocabulary. */
+bool       tokenizer_is_special(const Tokenizer *tk, int32_t id);
+/* Whether SPM's dummy prefix is on: each stretch of plain text that
+ * starts the text or follows a special token is encoded with a space
+ * before it, one the text does not have (its first token's piece starts
+ * with it). */
+bool       tokenizer_space_prefix(const Tokenizer *tk);
 
 /* Encodes len bytes of text into out (cap entries). add_special adds BOS /
  * EOS as the model's metadata asks; parse_special makes control-token text

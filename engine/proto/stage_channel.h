@@ -123,6 +123,16 @@ typedef struct {
     _Atomic uint64_t  generation_tokens;
     _Atomic uint64_t  steps;                // forward passes
     _Atomic uint64_t  step_tokens;          // tokens run in them
+    /* prefix routing (--redis: thinker/prefix_pub.h); gauges */
+    _Atomic int64_t   prefix_publishing;    // 1 with --redis: the rest
+                                            //   of these are drawn
+    _Atomic int64_t   prefix_keys_held;     // the index's held keys
+    _Atomic int64_t   redis_up;             // 1 while connected
+    /* counters */
+    _Atomic uint64_t  prefix_keys_published;    // SETs decided
+    _Atomic uint64_t  prefix_keys_removed;      // DELs decided
+    _Atomic uint64_t  redis_errors;         // failed connects, commands
+    _Atomic uint64_t  prefix_resyncs;       // full rewrites of the keys
 } ThinkerStats;
 
 /* The talker's part: text in, speech units out. */

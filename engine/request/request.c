@@ -173,12 +173,17 @@ static int parse_messages(Parser *p, yajl_val v, OmniRequest *r) {
     }
     r->msgs = req_arena_alloc(&p->arena, n * sizeof(ChatMsg), p->hint);
     r->audio_ids = req_arena_alloc(&p->arena, n * sizeof(char *), p->hint);
-    if (r->msgs == NULL || r->audio_ids == NULL) return req_fail_oom(p);
+    r->has_audio = req_arena_alloc(&p->arena, n * sizeof(bool), p->hint);
+    if (r->msgs == NULL || r->audio_ids == NULL || r->has_audio == NULL) {
+        return req_fail_oom(p);
+    }
     for (size_t i = 0; i < n; i++) {
         r->audio_ids[i] = NULL;
+        r->has_audio[i] = false;
         if (parse_message(p, (int) i, v->u.array.values[i], &r->msgs[i],
                           &r->audio_ids[i]) != 0)
             return -1;
+        r->has_audio[i] = r->has_audio[i] || r->audio_ids[i] != NULL;
     }
     r->n_msgs = (int) n;
     r->chat = true;

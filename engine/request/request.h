@@ -134,6 +134,10 @@ typedef struct {
                                     //   content (whose content is "" until
                                     //   the frontend puts the transcript
                                     //   back), else NULL
+    bool          *has_audio;       // (n_msgs,) when chat: message i
+                                    //   carries audio (an input_audio
+                                    //   part or an audio id), so its text
+                                    //   is a transcript
     const char    *prompt;          // when !chat and no input;
     size_t         prompt_len;      //   NUL-terminated
     const char    *input;           // text to speak (/v1/audio/speech),

@@ -357,6 +357,7 @@ int req_input_audio_part(Parser *p, int i, size_t j, yajl_val part,
         return req_fail(p, param, "audio_in[%d] is used twice", (int) k);
     }
     p->audio_seen |= 1u << k;
+    p->req->has_audio[i] = true;
     *text = p->req->audio_in_text != NULL ? p->req->audio_in_text[k] : "";
     return 0;
 }

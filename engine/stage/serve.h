@@ -71,6 +71,18 @@ typedef struct {
                                     //   0: none (fd 0 is never a pool)
     uint16_t    stage_owner;        // tag on the blocks this stage
                                     //   allocates: its row + 1; 0: none
+    /* prefix routing: what the thinker's KV cache holds, published to
+     * Redis (thinker/prefix_pub.h); redis NULL: nothing is */
+    const char *redis;              // --redis: "unix:/path", "host:port"
+    const char *redis_password_file;// its first line is the password;
+                                    //   NULL: no AUTH
+    const char *redis_user;         // the ACL user, or NULL
+    int         redis_db;           // SELECTed when > 0
+    const char *redis_namespace;    // key prefix, default "omni:"
+    const char *route_id;           // this engine's name in nginx's
+                                    //   upstream; NULL: "unix:" followed
+                                    //   by socket_path
+    int         prefix_ttl_s;       // prefix keys' expiry (default 300)
     /* the talker's chunks (tts/chunker.h); 0: the chunker's default */
     int         speech_first_words; // latency mode: the first chunk, at
                                     //   most (default 4)

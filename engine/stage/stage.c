@@ -320,6 +320,7 @@ static int serve(Stage *s, Err *err) {
             if (rc != 0) return rc > 0 ? 0 : -1;
         }
         if (!backlog && !s->ops->idle(s)) step(s);
+        if (s->ops->tick != NULL) s->ops->tick(s);
         if (s->nomem) return err_set(err, "out of memory queueing output");
         if (frame_flush(&s->wr, s->fd) != 0) {
             if (errno == EPIPE || errno == ECONNRESET) return 0;

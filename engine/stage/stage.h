@@ -22,6 +22,7 @@
  *   wake      ops->wake when wake_fd is readable
  *   read      every whole frame available: ops->submit, ops->cancel
  *   step      ops->step once, unless idle or backlogged, timed
+ *   tick      ops->tick, when the stage has timers
  *   flush     as much output as the socket takes
  *
  * Output is bounded: past STAGE_WRITE_HIGH bytes unsent the loop stops
@@ -75,6 +76,10 @@ typedef struct {
     void (*step)(Stage *s);
     /* (optional) s->wake_fd is readable; NULL means the stage sets none. */
     void (*wake)(Stage *s);
+    /* (optional) Called at every turn of the loop, after the step: often
+     * while busy, at least every STAGE_BEAT_MS when idle, for the stage's
+     * own timers (it rate-limits itself). NULL: the stage has none. */
+    void (*tick)(Stage *s);
     /* The loop is over (EOF, a fatal error, or a failed start, so the
      * state may be half built or s->ud NULL): end every request still
      * held with an ERROR event, then free s->ud. Output is flushed once

@@ -777,3 +777,7 @@ void sched_counts(const Scheduler *s, SchedCounts *c) {
     c->blocks_cached = s->kv.n_cached;
     c->blocks_free = s->kv.n_free;
 }
+
+const KVCache *sched_kv(const Scheduler *s) {
+    return &s->kv;
+}

@@ -135,4 +135,9 @@ typedef struct {
 
 void       sched_counts(const Scheduler *s, SchedCounts *c);
 
+/* The KV cache, to read between steps (kv_find: which prefixes it holds;
+ * the prefix index does, thinker/prefix_index.h). Only the scheduler
+ * writes it, so a caller on its thread sees it whole. Can't fail. */
+const KVCache *sched_kv(const Scheduler *s);
+
 #endif

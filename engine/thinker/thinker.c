@@ -16,6 +16,14 @@
  * thread, queued when it comes back: the wake fd); a CANCEL frees at once;
  * a step is one scheduler step, its events queued as frames.
  *
+ * With --redis (and the prefix cache on), a chat request's preparation
+ * also names the prefixes of its conversation (llm/prefix_keys.h: keys,
+ * the tokens each covers, the block that anchors it); at submit they go
+ * into the prefix index (prefix_index.h), which the loop's tick syncs
+ * with the KV cache every PREFIX_SYNC_S and whose SETs and DELs the
+ * publisher thread (prefix_pub.h) writes to Redis. The step loop itself
+ * does none of it.
+ *
  * A prompt that cannot fit the context is refused before it costs a
  * full tokenization: first by the text bound (stage_channel.h's
  * PromptBound, one pass at most over the text), else by tokenizing it only
@@ -34,6 +42,9 @@
 #include "chat.h"
 #include "kernels.h"
 #include "model.h"
+#include "prefix_index.h"
+#include "prefix_keys.h"
+#include "prefix_pub.h"
 #include "request.h"
 #include "runtime.h"
 #include "scheduler.h"
@@ -45,6 +56,10 @@
 #define PREP_INLINE_MAX (16u << 10) // larger SUBMITs: the helper thread
 #define PREP_NICE       5           // its nice value, above the loop's
 #define DEFAULT_KV_MB   1024.0
+#define PREFIX_SYNC_S   0.05        // the prefix index's sync, at most
+#define PIDX_PER_BLOCK  4           // index entries per KV block,
+#define PIDX_MIN        4096        //   within these
+#define PIDX_MAX        (1 << 20)
 
 /* One SUBMIT being prepared: parsed, checked, rendered, tokenized. */
 typedef struct {
@@ -56,6 +71,12 @@ typedef struct {
     int32_t     *toks;              // (ctx + 1,) the prompt's tokens
     char        *chat;              // (chat_cap,) rendered chat, grows
     size_t       chat_cap;
+    size_t       chat_len;          // its length, for a chat request
+    size_t      *ends;              // (REQ_MAX_MESSAGES,) where messages
+                                    //   end, then their tokens; NULL: no
+                                    //   prefix keys wanted
+    PrefixKey    keys[OMNI_PKEY_MAX];   // the request's prefix keys
+    int          n_keys;
     int64_t      n;                 // tokens, when status is 0
     int          status;            // 0: ready; else the ERROR's status
     char         param[64];         // the ERROR's param, "" for none
@@ -70,7 +91,7 @@ typedef struct PrepJob {
     WorkJob                w;       // first: the queue's view of the job
     const struct Thinker  *t;       // read-only from the thread
     char                  *json;    // owned copy
-    Prep                   p;       // toks and chat owned
+    Prep                   p;       // toks, chat and ends owned
     bool                   cancelled;
     struct PrepJob        *next;    // jobs out, newest first
 } PrepJob;
@@ -90,29 +111,44 @@ typedef struct Thinker {
     bool               wq_up;
     PrepJob           *jobs;        // out on wq, owned
     int                n_jobs;
+    /* prefix routing; all NULL without --redis */
+    Publisher         *pub;         // owned
+    PrefixIndex       *pidx;        // owned; NULL too without the prefix
+                                    //   cache (only the load is published)
+    size_t            *ends;        // (REQ_MAX_MESSAGES,) inline prep's,
+                                    //   owned when pidx
+    double             next_sync;
+    bool               pub_lost;    // a push failed: resend everything
+    PidxCounts         shown;       // the counters the page has
 } Thinker;
 
 
 /* ---- Events out --------------------------------------------------------
- * The scheduler's events, whose ud is the Stage, become the skeleton's
- * frames. */
+ * The scheduler's events, whose ud is the Thinker, become the skeleton's
+ * frames; a request's end also ends its pending prefix keys. */
 
 static void ev_started(void *ud, uint64_t id) {
-    stage_started(ud, id);
+    stage_started(((Thinker *) ud)->st, id);
 }
 
 static void ev_text(void *ud, uint64_t id, const char *s, size_t n) {
-    stage_event(ud, id, OMNI_F_TEXT, s, n);
+    stage_event(((Thinker *) ud)->st, id, OMNI_F_TEXT, s, n);
 }
 
 static void ev_done(void *ud, uint64_t id, const OmniDone *d) {
-    stage_done(ud, id, d);
+    Thinker *t = ud;
+
+    if (t->pidx != NULL) pidx_end(t->pidx, id);
+    stage_done(t->st, id, d);
 }
 
 static void ev_error(void *ud, uint64_t id, int status, const char *type,
                      const char *param, const char *code, const char *msg)
 {
-    stage_error(ud, id, status, type, param, code, msg);
+    Thinker *t = ud;
+
+    if (t->pidx != NULL) pidx_end(t->pidx, id);
+    stage_error(t->st, id, status, type, param, code, msg);
 }
 
 
@@ -159,7 +195,8 @@ static void prep_tokens(const Thinker *t, Prep *p) {
 
     if (r->chat) {
         long clen = runtime_render_chat(&t->rt, r->msgs, r->n_msgs,
-                                        &p->chat, &p->chat_cap, &err);
+                                        &p->chat, &p->chat_cap, p->ends,
+                                        &err);
 
         if (clen < 0) {
             prep_fail(p, 400, param, NULL, "%s", err.msg);
@@ -167,6 +204,7 @@ static void prep_tokens(const Thinker *t, Prep *p) {
         }
         text = p->chat;
         len = (size_t) clen;
+        p->chat_len = len;
     }
     least = prompt_bound_tokens(&t->bound,
                                 prompt_bound_bytes(&t->bound, text, len))
@@ -188,12 +226,32 @@ static void prep_tokens(const Thinker *t, Prep *p) {
     p->n = n;
 }
 
+/* The prefix keys the request is to be published under (prefix_keys.h),
+ * from the rendered chat and its tokens; none when the tokens cannot be
+ * matched to the text (said at debug: it only costs routing a hint). */
+static void prep_keys(const Thinker *t, Prep *p) {
+    int n = pkeys_chain_len(&p->req);
+    Err err;
+
+    if (n == 0) return;
+    if (pkeys_bytes_to_tokens(t->rt.tk, p->chat, p->chat_len, p->toks, p->n,
+                              p->ends, n, &err) != 0)
+    {
+        log_msg(LOG_DEBUG, "thinker: request %" PRIu64 " publishes no "
+                "prefix keys: %s", p->id, err.msg);
+        return;
+    }
+    p->n_keys = pkeys_request(&p->req, p->ends, p->toks, p->n,
+                              t->cfg->block_size, p->keys);
+}
+
 /* Parses and checks p->json, then tokenizes. Sets p->status (0: ready for
  * the scheduler, p->req and p->toks[0..n) hold it). */
 static void prep_run(const Thinker *t, Prep *p) {
     ReqError e;
 
     p->status = 0;
+    p->n_keys = 0;
     if (request_parse(&p->req, p->json, p->len, &e) != 0) {
         prep_fail(p, e.status, e.param, NULL, "%s", e.err.msg);
         return;
@@ -211,6 +269,7 @@ static void prep_run(const Thinker *t, Prep *p) {
         return;
     }
     prep_tokens(t, p);
+    if (p->status == 0 && p->ends != NULL && p->req.chat) prep_keys(t, p);
 }
 
 /* Queues a prepared request, or emits its ERROR; releases its request. */
@@ -232,7 +291,11 @@ static void prep_finish(Thinker *t, Prep *p) {
         sp.cache_salt = r->cache_salt;
         sp.cache_salt_len = r->cache_salt_len;
         sp.prompt_param = r->chat ? "messages" : "prompt";
-        sched_submit(t->sched, p->id, p->toks, p->n, &sp);
+        if (sched_submit(t->sched, p->id, p->toks, p->n, &sp) == 0
+            && p->n_keys > 0)
+        {
+            pidx_add(t->pidx, p->id, p->keys, p->n_keys, clock_now_s());
+        }
     }
     if (p->parsed) request_free(&p->req);
     p->parsed = false;
@@ -248,6 +311,7 @@ static void prep_job_free(PrepJob *j) {
     if (j->p.parsed) request_free(&j->p.req);
     free(j->p.toks);
     free(j->p.chat);
+    free(j->p.ends);
     free(j->json);
     free(j);
 }
@@ -276,7 +340,12 @@ static bool prep_offload(Thinker *t, uint64_t id, const char *json,
     if (j == NULL) return false;
     j->json = malloc(len);
     j->p.toks = malloc((size_t) (t->ctx + 1) * sizeof(int32_t));
-    if (j->json == NULL || j->p.toks == NULL) {
+    if (t->pidx != NULL) {
+        j->p.ends = malloc(REQ_MAX_MESSAGES * sizeof(size_t));
+    }
+    if (j->json == NULL || j->p.toks == NULL
+        || (t->pidx != NULL && j->p.ends == NULL))
+    {
         prep_job_free(j);
         return false;
     }
@@ -328,6 +397,7 @@ static void thinker_cancel(Stage *s, uint64_t id) {
         if (j->p.id == id) j->cancelled = true;
     }
     sched_cancel(t->sched, id);
+    if (t->pidx != NULL) pidx_end(t->pidx, id);
     stage_cancelled(s, id);
 }
 
@@ -336,7 +406,7 @@ static void thinker_submit(Stage *s, uint64_t id, const char *json,
 {
     Thinker *t = s->ud;
     Prep     p = { .id = id, .json = json, .len = len, .toks = t->toks,
-               .chat = t->chat, .chat_cap = t->chat_cap };
+               .chat = t->chat, .chat_cap = t->chat_cap, .ends = t->ends };
 
     if (prep_offload(t, id, json, len)) return;
     prep_run(t, &p);
@@ -355,6 +425,118 @@ static void thinker_step(Stage *s) {
 
 static void thinker_wake(Stage *s) {
     prep_done(s->ud);
+}
+
+
+/* ---- Prefix routing -----------------------------------------------------
+ * The index decides, the publisher writes: operations go from one to the
+ * other through the publisher's queue, and when one is lost (the queue
+ * was full) everything held goes again after a RESET once there is room.
+ * The counters on the stats page are the index's. */
+
+static void prefix_op(void *ud, PidxOp op, OmniPkey key, int32_t tokens) {
+    Thinker *t = ud;
+    PubOp    o = { key, tokens, op == PIDX_SET ? PUB_SET : PUB_DEL };
+
+    if (t->pub_lost || pub_push(t->pub, &o)) return;
+    t->pub_lost = true;
+    log_msg(LOG_DEBUG, "thinker: the prefix publisher's queue is full; "
+            "everything held goes again");
+}
+
+/* RESET and every held key, once the queue has room for all of it. */
+static void prefix_resend(Thinker *t) {
+    PubOp      reset = { { 0, 0 }, 0, PUB_RESET };
+    PidxCounts c;
+
+    pidx_counts(t->pidx, &c);
+    if (pub_room(t->pub) <= c.held) return;
+    t->pub_lost = false;
+    pub_push(t->pub, &reset);
+    pidx_resend(t->pidx);
+}
+
+static void prefix_stats(Thinker *t) {
+    OmniStats *s = t->st->stats;
+    PidxCounts c;
+
+    if (s == NULL) return;
+    pidx_counts(t->pidx, &c);
+    atomic_store_explicit(&s->thinker.prefix_keys_held, c.held,
+                          memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->thinker.prefix_keys_published,
+                              c.published - t->shown.published,
+                              memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->thinker.prefix_keys_removed,
+                              c.removed - t->shown.removed,
+                              memory_order_relaxed);
+    t->shown = c;
+}
+
+/* The loop's tick: the index syncs with the KV cache, at most every
+ * PREFIX_SYNC_S. */
+static void thinker_tick(Stage *s) {
+    Thinker *t = s->ud;
+    double   now;
+
+    if (t->pidx == NULL) return;
+    now = clock_now_s();
+    if (now < t->next_sync) return;
+    t->next_sync = now + PREFIX_SYNC_S;
+    if (pub_want_resend(t->pub)) t->pub_lost = true;
+    pidx_sync(t->pidx, sched_kv(t->sched), now);
+    if (t->pub_lost) prefix_resend(t);
+    prefix_stats(t);
+}
+
+/* With --redis: the publisher, and with the prefix cache the index (its
+ * capacity PIDX_PER_BLOCK entries per KV block) and the inline
+ * preparation's scratch. Redis being down is no failure here. */
+static int start_prefixes(Thinker *t, Err *err) {
+    const ServeConfig *cfg = t->cfg;
+    OmniStats         *st = t->st->stats;
+    char               route[300], pw[PUB_PASSWORD_MAX];
+    PubConfig          pc = { 0 };
+    int64_t            cap = PIDX_PER_BLOCK * sched_kv(t->sched)->n_blocks;
+
+    if (cfg->redis == NULL) return 0;
+    cap = cap < PIDX_MIN ? PIDX_MIN : cap > PIDX_MAX ? PIDX_MAX : cap;
+    if (redis_addr_parse(cfg->redis, &pc.addr, err) != 0) {
+        return err_prefix(err, "--redis");
+    }
+    if (cfg->redis_password_file != NULL) {
+        if (redis_read_password(cfg->redis_password_file, pw, sizeof(pw),
+                                err) != 0)
+        {
+            return err_prefix(err, "--redis-password-file");
+        }
+        pc.password = pw;
+    }
+    snprintf(route, sizeof(route), "%s%s", cfg->route_id ? "" : "unix:",
+             cfg->route_id ? cfg->route_id : cfg->socket_path);
+    pc.addr_text = cfg->redis;
+    pc.user = cfg->redis_user;
+    pc.db = cfg->redis_db;
+    pc.ns = cfg->redis_namespace != NULL ? cfg->redis_namespace : "omni:";
+    pc.route = route;
+    pc.ttl_s = cfg->prefix_ttl_s;
+    pc.max_seqs = cfg->max_seqs;
+    pc.max_keys = cap;
+    pc.stats = st;
+    t->pub = pub_start(&pc, err);
+    explicit_bzero(pw, sizeof(pw));
+    if (t->pub == NULL) return -1;
+    if (st != NULL) atomic_store(&st->thinker.prefix_publishing, 1);
+    if (!cfg->prefix_cache) {
+        log_msg(LOG_WARN, "thinker: --no-prefix-cache: only the load is "
+                "published to redis, no prefix keys");
+        return 0;
+    }
+    t->pidx = pidx_new(cap, prefix_op, t, err);
+    t->ends = malloc(REQ_MAX_MESSAGES * sizeof(size_t));
+    if (t->pidx == NULL) return -1;
+    if (t->ends == NULL) return err_set(err, "out of memory");
+    return 0;
 }
 
 
@@ -415,7 +597,7 @@ static int pool_blocks(Thinker *t, int64_t *n_blocks, Err *err) {
 
 static int make_scheduler(Thinker *t, Err *err) {
     const ServeConfig *cfg = t->cfg;
-    SchedEvents        ev = { t->st, ev_started, ev_text, ev_done, ev_error };
+    SchedEvents        ev = { t, ev_started, ev_text, ev_done, ev_error };
     SchedConfig        sc;
 
     if (cfg->block_size < 1) return err_set(err, "--block-size must be >= 1");
@@ -440,6 +622,9 @@ static void reset_stats(Thinker *t) {
     atomic_store(&s->thinker.kv_blocks_cached, 0);
     atomic_store(&s->thinker.kv_blocks_free, 0);
     atomic_store(&s->thinker.kv_blocks_total, 0);
+    atomic_store(&s->thinker.prefix_publishing, 0);
+    atomic_store(&s->thinker.prefix_keys_held, 0);
+    atomic_store(&s->thinker.redis_up, 0);
 }
 
 /* One forward pass of one token through a one-block cache of its own:
@@ -516,8 +701,8 @@ static int thinker_start(Stage *s, const ServeConfig *cfg, Err *err) {
         return -1;
     }
     reset_stats(t);
-    if (make_scheduler(t, err) != 0 || warm_up(t, err) != 0
-        || workq_init(&t->wq, PREP_NICE, err) != 0)
+    if (make_scheduler(t, err) != 0 || start_prefixes(t, err) != 0
+        || warm_up(t, err) != 0 || workq_init(&t->wq, PREP_NICE, err) != 0)
     {
         return -1;
     }
@@ -540,6 +725,9 @@ static void thinker_stop(Stage *s) {
     if (t->sched != NULL) {
         sched_abort_all(t->sched, "the engine's thinker stage is stopping");
     }
+    pub_stop(t->pub);
+    pidx_free(t->pidx);
+    free(t->ends);
     sched_free(t->sched);
     runtime_free(&t->rt);
     free(t->toks);
@@ -556,5 +744,6 @@ const StageOps thinker_stage = {
     .idle = thinker_idle,
     .step = thinker_step,
     .wake = thinker_wake,
+    .tick = thinker_tick,
     .stop = thinker_stop,
 };

@@ -291,7 +291,8 @@ static void expect_render(ChatTemplate t, const ChatMsg *msgs, int n,
                           bool gen, const char *want) {
     static char buf[1 << 16];
     Err         err;
-    long        len = chat_render(t, msgs, n, gen, buf, sizeof(buf), &err);
+    long        len = chat_render(t, msgs, n, gen, buf, sizeof(buf), NULL,
+                                  &err);
 
     if (len < 0) fail_msg("%s: %s", chat_name(t), err.msg);
     if ((size_t) len != strlen(want) || memcmp(buf, want, (size_t) len) != 0)
@@ -537,21 +538,21 @@ static void test_roles(void **state) {
     expect_render(CHAT_CHATML, tool, 1, false,
                   "<|im_start|>tool\n42<|im_end|>\n");
     assert_int_equal(chat_render(CHAT_GEMMA, tool, 1, true, buf, sizeof(buf),
-                                 &err), -1);
+                                 NULL, &err), -1);
     assert_string_equal(err.msg,
                         "messages[0]: chat template 'gemma' has no role "
                         "'tool'");
     assert_int_equal(chat_render(CHAT_PLAIN, tool, 1, true, buf, sizeof(buf),
-                                 &err), -1);
+                                 NULL, &err), -1);
     assert_int_equal(chat_render(CHAT_MISTRAL_V3, tool, 1, true, buf,
-                                 sizeof(buf), &err), -1);
+                                 sizeof(buf), NULL, &err), -1);
     assert_int_equal(chat_render(CHAT_CHATML, bad, 2, true, buf, sizeof(buf),
-                                 &err), -1);
+                                 NULL, &err), -1);
     assert_non_null(strstr(err.msg, "messages[1]"));
     assert_int_equal(chat_render(CHAT_LLAMA3, no_content, 1, true, buf,
-                                 sizeof(buf), &err), -1);
+                                 sizeof(buf), NULL, &err), -1);
     assert_int_equal(chat_render((ChatTemplate) 99, tool, 1, true, buf,
-                                 sizeof(buf), &err), -1);
+                                 sizeof(buf), NULL, &err), -1);
 }
 
 /* A short buffer still gives the full length, truncated and terminated;
@@ -559,17 +560,17 @@ static void test_roles(void **state) {
 static void test_short_buffer(void **state) {
     char full[1024], small[10];
     long n = chat_render(CHAT_CHATML, conversation, N_CONV, true, full,
-                         sizeof(full), NULL);
+                         sizeof(full), NULL, NULL);
 
     assert_true(n > 100);
     assert_int_equal(chat_render(CHAT_CHATML, conversation, N_CONV, true,
-                                 small, sizeof(small), NULL), n);
+                                 small, sizeof(small), NULL, NULL), n);
     assert_memory_equal(small, full, sizeof(small) - 1);
     assert_int_equal(small[sizeof(small) - 1], '\0');
     assert_int_equal(chat_render(CHAT_CHATML, conversation, N_CONV, true,
-                                 NULL, 0, NULL), n);
+                                 NULL, 0, NULL, NULL), n);
     assert_int_equal(chat_render(CHAT_CHATML, conversation, N_CONV, true,
-                                 full, (size_t) n + 1, NULL), n);
+                                 full, (size_t) n + 1, NULL, NULL), n);
     assert_int_equal(full[n], '\0');
     assert_int_equal((long) strlen(full), n);
 }
