@@ -2,14 +2,15 @@
 // bench/route (prefix-aware routing against round robin).
 //
 //   node bench/route.js --url URL --conversations 32 --turns 8 --tenants 4
-//        --system-words 500 --user-words 12 --max-tokens 16 --salt S
-//        --json OUT
+//        --system-words 300 --user-words 60 --max-tokens 32 --stagger-ms 0
+//        --salt S --json OUT
 //
 // Every conversation belongs to a tenant (conversation % tenants) whose
 // long system prompt all its conversations share; each sends its turns
 // one after another (streamed, greedy, ignore_eos), appending the
 // assistant's answer and a new user message each time, while all the
-// conversations run at once. Per turn it records the time to the first
+// conversations run at once, conversation c starting c * stagger-ms
+// after the first (conversations arrive over time, as users do). Per turn it records the time to the first
 // content token (TTFT), the x-omni-route header (hit, miss or fallback,
 // and the engine), the engine that answered (x-engine, $upstream_addr),
 // and the usage's prompt and cached tokens. The text is made from a
@@ -21,9 +22,9 @@
 const fs = require('fs');
 
 function args() {
-    const a = { conversations: 32, turns: 8, tenants: 4, 'system-words': 500,
-                'user-words': 12, 'max-tokens': 16, salt: 'bench',
-                model: null, json: null, url: null };
+    const a = { conversations: 32, turns: 8, tenants: 4, 'system-words': 300,
+                'user-words': 60, 'max-tokens': 32, 'stagger-ms': 0,
+                salt: 'bench', model: null, json: null, url: null };
     const v = process.argv.slice(2);
     for (let i = 0; i < v.length; i += 2) {
         const k = v[i].replace(/^--/, '');
@@ -107,6 +108,7 @@ async function turn(o, messages, salt) {
 
 async function conversation(o, c, out) {
     const tenant = c % o.tenants;
+    await new Promise(ok => setTimeout(ok, c * o['stagger-ms']));
     const sys = words(rng(1000 + tenant), o['system-words']);
     const r = rng(5000 + c);
     const messages = [{ role: 'system', content: sys }];
