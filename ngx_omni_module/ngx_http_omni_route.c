@@ -467,10 +467,17 @@ ngx_http_omni_route_content(yajl_val m, OmniPkey *prev)
     for (i = 0; i < n; i++) {
         part = content->u.array.values[i];
 
+        /* a part that is not an object has no members to look up: a
+         * number's union holds its value where an object's has keys */
+
+        if (!YAJL_IS_OBJECT(part)) {
+            return NGX_DECLINED;
+        }
+
         type = ngx_http_omni_member(part, "type");
         text = ngx_http_omni_member(part, "text");
 
-        if (!YAJL_IS_OBJECT(part) || type == NULL || !YAJL_IS_STRING(type)
+        if (type == NULL || !YAJL_IS_STRING(type)
             || ngx_strcmp(type->u.string, "text") != 0
             || text == NULL || !YAJL_IS_STRING(text))
         {
