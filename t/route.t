@@ -120,8 +120,8 @@ sub mgets {
             { role => 'user', content => 'Listen:' },
             { role => 'user', content => [
                 { type => 'text', text => 'this' },
-                { type => 'input_audio', input_audio => { data => $audio,
-                                                          format => 'wav' } }] },
+                { type => 'input_audio',
+                  input_audio => { data => $audio, format => 'wav' } }] },
             { role => 'user', content => 'after the audio' }])],
         ['audio id ends the chain', chat([
             { role => 'user', content => 'Say hi' },
@@ -186,9 +186,9 @@ sub mgets {
             next;
         }
         is(scalar(@got), 1, "$name: one MGET") or next;
-        my @want = ('MGET', "omni:load:$E0", "omni:load:$E1",
-                    map { my $e = $_; map { "omni:px:$e:$_->[1]" } @$keys }
-                    ($E0, $E1));
+        my @want = ('MGET', "$f->{ns}load:$E0", "$f->{ns}load:$E1",
+                    map { my $e = $_;
+                          map { "$f->{ns}px:$e:$_->[1]" } @$keys } $E0, $E1);
         is_deeply($got[0], \@want, "$name: its keys are the engine's ("
                   . scalar(@$keys) . ')')
             or diag explain [$got[0], \@want];
@@ -232,7 +232,8 @@ sub mgets {
     $r = turn($f, 'c3', '/r/v1/chat/completions', 'And the storm?');
     is_hit($r, 'c3 turn 2', $c3, $r->{prev});
 
-    $r = turn($f, 'c1', '/r/v1/chat/completions', 'Was Lily happy?', stream => 1);
+    $r = turn($f, 'c1', '/r/v1/chat/completions', 'Was Lily happy?',
+              stream => 1);
     is_hit($r, 'c1 turn 3 (streamed)', $E0, $r->{prev});
     like($r->{body}, qr/^data: \[DONE\]$/m, 'c1 turn 3: the stream ends');
 
@@ -333,7 +334,9 @@ sub mgets {
                   . "error_log logs/error.log;\npid logs/nginx.pid;\n"
                   . "events {}\nhttp {\n$http\n}\n";
         close $fh;
-        my $out = `'$t::lib::OmniServer::NGINX' -t -q -p '$dir' -c conf/nginx.conf 2>&1`;
+        my $cmd = "'$t::lib::OmniServer::NGINX' -t -q -p '$dir' "
+                  . '-c conf/nginx.conf 2>&1';
+        my $out = `$cmd`;
         return ($? >> 8, $out);
     };
     my $up = "upstream engines {\n%s\n server unix:$TMP/a.sock;\n}\n"

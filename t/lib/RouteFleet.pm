@@ -8,6 +8,7 @@
 #   use t::lib::RouteFleet;
 #   my $f = fleet_start(engines => [[], ['--kv-cache-mb', 0.3]],
 #                       timeout => '2s', workers => 1,
+#                       ns => 'omni:',  (engines' and nginx's namespace)
 #                       upstream => 'zone engines 256k;',
 #                       api_keys => ['sk-a', 'sk-b'],
 #                       http => sub { my ($f) = @_; '...' },
@@ -28,7 +29,8 @@
 #
 # $f->{redis}, $f->{engines} ([serve_start hashes]), $f->{route}
 # (["unix:E0", ...], each engine's --route-id), $f->{s} (OmniServer's),
-# $f->{port}, $f->{prefix}, $f->{model} (the served model's id).
+# $f->{port}, $f->{prefix}, $f->{model} (the served model's id), $f->{ns}
+# (the key namespace).
 #
 # Helpers: post/get (HTTP::Tiny; the reply with its x-omni-route parsed),
 # engine_form (what the engine receives for a client's request), cli_keys
@@ -77,11 +79,12 @@ sub wait_until {
 
 sub fleet_start {
     my (%o) = @_;
-    my $f = { redis => t::lib::Redis->start };
+    my $f = { redis => t::lib::Redis->start, ns => $o{ns} // 'omni:' };
     my $addr = $f->{redis}->addr;
+    my @ns = $o{ns} ? ('--redis-namespace', $o{ns}) : ();
     for my $args (@{ $o{engines} // [[], []] }) {
         push @{ $f->{engines} },
-            main::serve_start(args => ['--redis', $addr, @$args],
+            main::serve_start(args => ['--redis', $addr, @ns, @$args],
                               timeout => 60);
     }
     $f->{route} = [map { "unix:$_->{socket}" } @{ $f->{engines} }];
@@ -96,8 +99,9 @@ sub fleet_start {
     }
     my $timeout = $o{timeout} // '2s';
     my $upstream = $o{upstream} ? "        $o{upstream}\n" : '';
+    my $ns = $o{ns} ? " namespace=$o{ns}" : '';
     my $http = <<"HTTP";
-    omni_redis $addr timeout=$timeout;
+    omni_redis $addr timeout=$timeout$ns;
 
     log_format route '\$http_x_test_id \$status "\$omni_prefix" '
                      '"\$omni_engine" "\$omni_prefix_messages" '
@@ -143,6 +147,12 @@ SERVER
     $f->{prefix} = $f->{s}{prefix};
     $f->{ua} = HTTP::Tiny->new(timeout => 60, keep_alive => 0);
     $f->{model} = main::models($f->{engines}[0])->{data}[0]{id};
+    # every worker connected to Redis, else its first lookups would be
+    # fallbacks
+    my $workers = $o{workers} // 1;
+    wait_until(20, sub { (get($f, '/rmetrics')->{body} // '')
+                         =~ /^omni_nginx_redis_up $workers$/m })
+        or die "nginx's workers did not connect to Redis\n";
     return $f;
 }
 
@@ -269,7 +279,7 @@ sub published {
 
 sub px {
     my ($f, $i, $hex) = @_;
-    return "omni:px:$f->{route}[$i]:$hex";
+    return "$f->{ns}px:$f->{route}[$i]:$hex";
 }
 
 # Whether engine i's keys of $want (hex => tokens) are all in Redis, with
