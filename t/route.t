@@ -24,7 +24,8 @@
 #   6. hostile requests: answered as without routing (the engine's 400),
 #      no worker crash;
 #   7. with omni_limit: the MGET goes right after the prompt's tokens
-#      charge, and requests still go to their holders.
+#      charge, and requests still go to their holders;
+#   8. after a reload, the new workers route as the old ones did.
 #
 # Fallbacks (a killed holder, max_waiting, down, Redis killed or slow) and
 # eviction are t/route_fallback.t's.
@@ -528,6 +529,17 @@ sub mgets {
     is_deeply(route_metrics($f), \%count,
               'omni_nginx_route_total counts what the log has');
     is_deeply([bad_lines($f)], [], 'error.log: no alert, no crash');
+}
+
+# --- a reload: the new workers route as the old ones did --------------------
+{
+    t::lib::OmniServer::omni_server_reload($f->{s});
+    ok(wait_until(20, sub { (get($f, '/rmetrics')->{body} // '')
+                            =~ /^omni_nginx_redis_up 1$/m }),
+       'reload: the new worker is connected to Redis');
+    my $r = turn($f, 'c1', '/r/v1/chat/completions', 'And the next day?');
+    is_hit($r, 'reload: c1', $E0, $r->{prev});
+    is_deeply([bad_lines($f)], [], 'reload: no alert, no crash');
 }
 
 fleet_stop($f);
