@@ -127,7 +127,6 @@ my $pnext;
     is($r->{engine}, $E0, 'p turn 1: on E0, by hand');
     $r = turn($f, 'p', "/r$CHAT", 'And then?');
     is_hit($r, 'p turn 2', $E0, $r->{prev});
-    my $e0 = $r->{prev};
 
     # E0 the only holder, and down
     $r = turn($f, 'p', "/down0$CHAT", 'Where is Lily?');
@@ -164,7 +163,7 @@ my $pnext;
     $r = turn($f, 'q0', "/e0$CHAT", 'Tell me about a storm.');
 
     my @q = map { $f->{conv}{$_}{keys} } qw(q1 q2);
-    my $flooded = 0;
+    my ($flooded, $answered) = (0, 0);
     my $evicted = sub {
         for my $k (map { @$_ } @q) {
             my $v = $f->{redis}->try_cmd('GET', px($f, 1, $k->[1]));
@@ -177,11 +176,12 @@ my $pnext;
         my $rr = main::request($f->{engines}[1], chat_req($f, [{
             role => 'user', content => "Story number $flooded: "
             . join(' ', map { "word$_" } 1 .. 25) }], max_tokens => 4));
+        $answered++ if $rr && $rr->{done};
         $flooded++;
         wait_until(1, $evicted) if $flooded % 4 == 0;
     }
-    ok($evicted->(), "E1 flooded ($flooded prompts): q1's and q2's keys "
-       . 'are gone');
+    is($answered, $flooded, "E1 flooded: $flooded prompts answered");
+    ok($evicted->(), "E1 flooded: q1's and q2's keys are gone");
     my $m = main::metrics($f->{engines}[1]);
     my $removed = $m->{omni_engine_prefix_keys_removed_total} // 0;
     ok($removed > 0, "E1: prefix_keys_removed_total $removed");
