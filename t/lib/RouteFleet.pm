@@ -66,6 +66,8 @@ our $BS = 16;                       # the engines' block size (default)
 
 my $JSON = JSON::PP->new->utf8->canonical;
 my $ids = 0;
+my (@fleets, $pid0);
+$pid0 = $$;
 
 sub wait_until {
     my ($timeout, $cond) = @_;
@@ -80,6 +82,7 @@ sub wait_until {
 sub fleet_start {
     my (%o) = @_;
     my $f = { redis => t::lib::Redis->start, ns => $o{ns} // 'omni:' };
+    push @fleets, $f;
     my $addr = $f->{redis}->addr;
     my @ns = $o{ns} ? ('--redis-namespace', $o{ns}) : ();
     for my $args (@{ $o{engines} // [[], []] }) {
@@ -158,9 +161,22 @@ SERVER
 
 sub fleet_stop {
     my ($f) = @_;
-    omni_server_stop($f->{s});
-    main::serve_stop($_, 15) for grep { $_->{pid} } @{ $f->{engines} };
+    omni_server_stop($f->{s}) if $f->{s};
+    for my $e (grep { $_->{pid} } @{ $f->{engines} // [] }) {
+        main::serve_stop($e, 15);
+        $e->{pid} = undef;
+    }
     $f->{redis}->stop;
+}
+
+# A test that dies (or is killed by SIGTERM, which OmniServer turns into
+# exit) stops its engines too: nginx and Redis have END blocks of their
+# own, the engines' serve_start none.
+END {
+    local $?;
+    if (defined $pid0 && $$ == $pid0) {
+        fleet_stop($_) for @fleets;
+    }
 }
 
 # x-omni-route: "hit; engine=unix:/x; messages=6; tokens=1184" as
