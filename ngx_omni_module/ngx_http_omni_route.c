@@ -28,7 +28,8 @@
  * not overloaded (its thinker's waiting queue under max_waiting, 8 by
  * default). Otherwise, or when Redis does not answer in time, the
  * upstream's own round robin decides; a chosen engine that fails to
- * connect is left for the next as round robin leaves any.
+ * connect is left for the next as round robin leaves any (a fallback
+ * then: the next does not hold the prefix).
  *
  * The outcome: "hit" (sent to a holder), "miss" (no engine holds any
  * prefix of it), "fallback" (a holder exists but cannot take it, or
@@ -220,7 +221,20 @@ ngx_http_omni_route_get_peer(ngx_peer_connection_t *pc, void *data)
 
     ctx = rp->ctx;
 
-    if (rp->tried || ctx == NULL || ctx->route_engine.len == 0) {
+    if (rp->tried) {
+
+        /* the chosen engine failed (ngx_http_upstream_next()): the one
+         * round robin gives now does not hold the prefix */
+
+        if (ctx->route == NGX_HTTP_OMNI_ROUTE_HIT) {
+            ngx_http_omni_route_result(NULL, ctx,
+                                       NGX_HTTP_OMNI_ROUTE_FALLBACK);
+        }
+
+        return ngx_http_upstream_get_round_robin_peer(pc, &rp->rrp);
+    }
+
+    if (ctx == NULL || ctx->route_engine.len == 0) {
         return ngx_http_upstream_get_round_robin_peer(pc, &rp->rrp);
     }
 
@@ -467,10 +481,17 @@ ngx_http_omni_route_content(yajl_val m, OmniPkey *prev)
     for (i = 0; i < n; i++) {
         part = content->u.array.values[i];
 
+        /* a part that is not an object has no members to look up: a
+         * number's union holds its value where an object's has keys */
+
+        if (!YAJL_IS_OBJECT(part)) {
+            return NGX_DECLINED;
+        }
+
         type = ngx_http_omni_member(part, "type");
         text = ngx_http_omni_member(part, "text");
 
-        if (!YAJL_IS_OBJECT(part) || type == NULL || !YAJL_IS_STRING(type)
+        if (type == NULL || !YAJL_IS_STRING(type)
             || ngx_strcmp(type->u.string, "text") != 0
             || text == NULL || !YAJL_IS_STRING(text))
         {
@@ -792,7 +813,8 @@ ngx_http_omni_route_load(redisReply *reply, ngx_uint_t *running,
 }
 
 
-/* The outcome, once per request: counted, and said in x-omni-prefix. */
+/* The outcome, once per request (a hit may become a fallback): counted,
+ * and said in x-omni-route and the variables. */
 
 static void
 ngx_http_omni_route_result(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
@@ -815,6 +837,12 @@ ngx_http_omni_route_result(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     }
 
     ctx->route = result;
+
+    if (result != NGX_HTTP_OMNI_ROUTE_HIT) {
+        /* what a holder held, as x-omni-route says it: only for a hit */
+        ctx->route_messages = 0;
+        ctx->route_tokens = 0;
+    }
 
     if (r) {
         ctx->route_omcf = ngx_http_get_module_main_conf(r,
