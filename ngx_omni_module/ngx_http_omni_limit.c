@@ -881,8 +881,13 @@ ngx_http_omni_limit_admit(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     rc = ngx_http_omni_limit_send(r, lim, 1 << NGX_HTTP_OMNI_LIMIT_TOKENS,
                                   "check", cost, &lim->call);
 
-    if (rc != NGX_DECLINED) {
-        return rc;
+    if (rc == NGX_OK) {
+        /* sent: the request waits for ngx_http_omni_limit_charged() */
+        return NGX_AGAIN;
+    }
+
+    if (rc == NGX_ERROR) {
+        return NGX_ERROR;
     }
 
     olcf = ngx_http_get_module_loc_conf(r, ngx_http_omni_module);
