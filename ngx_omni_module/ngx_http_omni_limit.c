@@ -160,7 +160,11 @@ static ngx_int_t ngx_http_omni_limit_init_zone(ngx_shm_zone_t *shm_zone,
  * to them: corrections, which may be negative). Then three per limit:
  * microseconds per unit, the bucket's units, the cost. Answers
  * {ok, then per limit: units left, ms until full, ms until it would take
- * the cost (0: it would now)}.
+ * the cost (0: it would now)}. The arithmetic is on d, how far the
+ * bucket's time is ahead of now, never on the times themselves: T is
+ * fractional and now about 2^51 us, where a double's rounding would make
+ * a bucket of exactly n units left read n - 1, or refuse a cost that fits
+ * exactly.
  */
 
 static ngx_http_omni_redis_script_t  ngx_http_omni_limit_script = {
@@ -170,22 +174,21 @@ static ngx_http_omni_redis_script_t  ngx_http_omni_limit_script = {
 "local now = tonumber(t[1]) * 1000000 + tonumber(t[2])\n"
 "local force = ARGV[1] == 'force'\n"
 "local ok = 1\n"
-"local tat, retry = {}, {}\n"
+"local due, retry = {}, {}\n"
 "for i = 1, #KEYS do\n"
 "  local T = tonumber(ARGV[3 * i - 1])\n"
 "  local cap = tonumber(ARGV[3 * i])\n"
 "  local cost = tonumber(ARGV[3 * i + 1])\n"
-"  local v = tonumber(redis.call('GET', KEYS[i]) or '0') or 0\n"
-"  if v < now then v = now end\n"
-"  tat[i] = v\n"
+"  local d = (tonumber(redis.call('GET', KEYS[i]) or '0') or 0) - now\n"
+"  if d < 0 then d = 0 end\n"
+"  due[i] = d\n"
 "  local need = cost\n"
 "  if need < 1 then need = 1 end\n"
-"  local at = v + need * T - cap * T\n"
+"  local at = d + (need - cap) * T\n"
 "  retry[i] = 0\n"
-"  if at > now then\n"
-"    retry[i] = math.ceil((at - now) / 1000)\n"
-"    if not force and cost > 0 then ok = 0 end\n"
-"    if not force and cost == 0 and v + T - cap * T > now then ok = 0 end\n"
+"  if at > 0 then\n"
+"    retry[i] = math.ceil(at / 1000)\n"
+"    if not force then ok = 0 end\n"
 "  end\n"
 "end\n"
 "local out = {ok}\n"
@@ -193,22 +196,22 @@ static ngx_http_omni_redis_script_t  ngx_http_omni_limit_script = {
 "  local T = tonumber(ARGV[3 * i - 1])\n"
 "  local cap = tonumber(ARGV[3 * i])\n"
 "  local cost = tonumber(ARGV[3 * i + 1])\n"
-"  local v = tat[i]\n"
+"  local d = due[i]\n"
 "  if (ok == 1 or force) and cost ~= 0 then\n"
-"    v = v + cost * T\n"
-"    if v < now then v = now end\n"
-"    if v > now then\n"
-"      redis.call('SET', KEYS[i], string.format('%.0f', v), 'PX',\n"
-"                 math.ceil((v - now) / 1000) + 1000)\n"
+"    d = d + cost * T\n"
+"    if d > 0 then\n"
+"      redis.call('SET', KEYS[i], string.format('%.0f', now + d), 'PX',\n"
+"                 math.ceil(d / 1000) + 1000)\n"
 "    else\n"
+"      d = 0\n"
 "      redis.call('DEL', KEYS[i])\n"
 "    end\n"
 "    if ok == 1 then retry[i] = 0 end\n"
 "  end\n"
-"  local left = math.floor((cap * T - (v - now)) / T)\n"
+"  local left = math.floor(cap - d / T + 1e-6)\n"
 "  if left < 0 then left = 0 end\n"
 "  out[3 * i - 1] = left\n"
-"  out[3 * i] = math.ceil((v - now) / 1000)\n"
+"  out[3 * i] = math.ceil(d / 1000)\n"
 "  out[3 * i + 1] = retry[i]\n"
 "end\n"
 "return out\n"),
