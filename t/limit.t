@@ -603,11 +603,11 @@ omni limit: refused by omni_limit_zone "t" (too large)
 
 
 
-=== TEST 10: tokens: only chat, completions and speech are charged
+=== TEST 10: tokens: only chat, completions and speech are charged, answers with audio corrected too
 --- http_config
     omni_redis $TEST_NGINX_REDIS;
     omni_limit_zone zone=r rate=100r/h;
-    omni_limit_zone zone=t rate=100000t/d;
+    omni_limit_zone zone=t rate=1000t/d burst=100000;
 --- config
     location /v1/ {
         omni_limit r t;
@@ -621,22 +621,29 @@ Authorization: Bearer sk-one
      input => 'Hello there.', voice => 'alloy' }),
  "POST /v1/completions\n" . JSON::PP::encode_json({ model => $::M,
      prompt => 'Hi' }),
- ::chat('hi')]
+ ::chat('hi'),
+ ::chat('hi', modalities => ['text', 'audio'],
+        audio => { voice => 'alloy', format => 'pcm16' })]
 --- error_code eval
-[200, 200, 200, 200]
+[200, 200, 200, 200, 200]
 --- response_headers_like eval
 ["x-ratelimit-remaining-requests: 99",
  "x-ratelimit-remaining-requests: 98\nx-ratelimit-limit-tokens: 100000",
  "x-ratelimit-remaining-requests: 97\nx-ratelimit-limit-tokens: 100000",
- "x-ratelimit-remaining-requests: 96\nx-ratelimit-limit-tokens: 100000"]
+ "x-ratelimit-remaining-requests: 96\nx-ratelimit-limit-tokens: 100000",
+ "x-ratelimit-remaining-requests: 95\nx-ratelimit-limit-tokens: 100000"]
 --- check
 if ($i == 0) {
     is($::redis->cmd('GET', ::rkey('t', 'sk-one')), undef,
        "$name: models: no tokens taken");
-} elsif ($i == 3) {
-    # speech 3 + 2, completions 3 + 1, chat 3 + 1
-    my $u = ::wait_used(13, 't', 'sk-one', 100000, 'd');
-    ok(abs($u - 13) < 0.5, "$name: 13 tokens in all ($u)");
+} elsif ($i == 1) {
+    # speech: the DONE of an answer with audio (3 + 2)
+    my $u = ::wait_used(5, 't', 'sk-one', 1000, 'd');
+    ok(abs($u - 5) < 0.5, "$name: speech: corrected to 5 ($u)");
+} elsif ($i == 4) {
+    # speech 3 + 2, completions 3 + 1, chat 3 + 1, chat with audio 3 + 2
+    my $u = ::wait_used(18, 't', 'sk-one', 1000, 'd');
+    ok(abs($u - 18) < 0.5, "$name: 18 tokens in all ($u)");
     my $r = ::api(POST => '/v1/audio/transcriptions',
         headers => { Authorization => 'Bearer sk-one',
                      'Content-Type' => 'multipart/form-data; boundary=XyZ' },
@@ -646,13 +653,13 @@ if ($i == 0) {
                 . "Content-Type: audio/wav\r\n\r\nRIFFxxxxWAVEdata\r\n"
                 . "--XyZ--\r\n");
     is($r->{status}, 200, "$name: a transcription");
-    is($r->{h}{'x-ratelimit-remaining-requests'}, 95,
+    is($r->{h}{'x-ratelimit-remaining-requests'}, 94,
        "$name: transcription: a request taken");
     ok(!exists $r->{h}{'x-ratelimit-limit-tokens'},
        "$name: transcription: no tokens headers");
     sleep 0.2;
-    $u = ::used('t', 'sk-one', 100000, 'd');
-    ok(abs($u - 13) < 0.5, "$name: transcription: no tokens taken ($u)");
+    $u = ::used('t', 'sk-one', 1000, 'd');
+    ok(abs($u - 18) < 0.5, "$name: transcription: no tokens taken ($u)");
 }
 --- no_error_log
 [error]
@@ -662,7 +669,7 @@ if ($i == 0) {
 === TEST 11: the estimate at admission (bytes / 4), corrected at the end to the DONE's prompt + completion, streamed or not
 --- http_config
     omni_redis $TEST_NGINX_REDIS;
-    omni_limit_zone zone=t rate=100000t/d;
+    omni_limit_zone zone=t rate=1000t/d burst=100000;
 --- config
     location /v1/ {
         omni_limit t;
@@ -689,7 +696,7 @@ my @kinds = (
                  stream_options => { include_usage => JSON::PP::true })],
 );
 # the first request (the block's own): 3 + 1 in the end
-my $u = ::wait_used(4, 't', 'sk-one', 100000, 'd');
+my $u = ::wait_used(4, 't', 'sk-one', 1000, 'd');
 ok(abs($u - 4) < 0.5, "$name: corrected to 4 ($u)");
 my $before = 4;
 for my $k (@kinds) {
@@ -700,7 +707,7 @@ for my $k (@kinds) {
     my $est = 100000 - $before - $r->{h}{'x-ratelimit-remaining-tokens'};
     ok($est >= 100 && $est <= 200,
        "$name: $what: the estimate is about the request's size ($est)");
-    $u = ::wait_used($before + 4, 't', 'sk-one', 100000, 'd');
+    $u = ::wait_used($before + 4, 't', 'sk-one', 1000, 'd');
     ok(abs($u - $before - 4) < 0.5,
        "$name: $what: corrected to 4 more ($u)");
     $before += 4;
@@ -713,7 +720,7 @@ for my $k (@kinds) {
 === TEST 12: the real engine: the bucket takes the usage its answer reports, streamed or not
 --- http_config
     omni_redis $TEST_NGINX_REDIS;
-    omni_limit_zone zone=t rate=100000t/d;
+    omni_limit_zone zone=t rate=1000t/d burst=100000;
 --- config
     location /v1/ {
         omni_limit t;
@@ -727,7 +734,7 @@ Authorization: Bearer sk-one
 --- check
 my $total = $json->{usage}{total_tokens};
 ok($total > 5, "$name: usage reported ($total)");
-my $u = ::wait_used($total, 't', 'sk-one', 100000, 'd');
+my $u = ::wait_used($total, 't', 'sk-one', 1000, 'd');
 ok(abs($u - $total) < 0.5, "$name: the bucket took $total ($u)");
 my $r = ::api(POST => '/v1/completions',
     headers => { Authorization => 'Bearer sk-one' },
@@ -738,7 +745,7 @@ is($r->{status}, 200, "$name: a streamed completion");
 my ($usage) = grep { ref $_ && $_->{usage} } sse_events($r->{body});
 my $more = $usage ? $usage->{usage}{total_tokens} : 0;
 ok($more > 5, "$name: its usage ($more)");
-$u = ::wait_used($total + $more, 't', 'sk-one', 100000, 'd');
+$u = ::wait_used($total + $more, 't', 'sk-one', 1000, 'd');
 ok(abs($u - $total - $more) < 0.5,
    "$name: the bucket took $more more ($u)");
 --- no_error_log
