@@ -131,6 +131,8 @@ static void ngx_http_omni_limit_checked(ngx_http_omni_redis_call_t *call,
     redisReply *reply);
 static void ngx_http_omni_limit_charged(ngx_http_omni_redis_call_t *call,
     redisReply *reply);
+static void ngx_http_omni_limit_refund(ngx_http_request_t *r,
+    ngx_http_omni_limit_t *lim);
 static ngx_int_t ngx_http_omni_limit_log_handler(ngx_http_request_t *r);
 static ngx_int_t ngx_http_omni_limit_send(ngx_http_request_t *r,
     ngx_http_omni_limit_t *lim, ngx_uint_t kinds, const char *mode,
@@ -874,6 +876,7 @@ ngx_http_omni_limit_admit(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
         {
             /* no wait would make room for it */
             ngx_http_omni_count_limit(e->zone, 0);
+            ngx_http_omni_limit_refund(r, lim);
             return ngx_http_omni_limit_refusal(r, lim, e, 1, err) == NGX_OK
                    ? NGX_DECLINED : NGX_ERROR;
         }
@@ -947,12 +950,31 @@ ngx_http_omni_limit_charged(ngx_http_omni_redis_call_t *call,
         }
 
         if (rc == NGX_OK) {
+            ngx_http_omni_limit_refund(r, lim);
             rc = ngx_http_omni_limit_refusal(r, lim, lim->refused, 0, &err);
         }
     }
 
     ngx_http_omni_admitted(r, ctx, rc == NGX_OK ? NGX_DECLINED : NGX_ERROR,
                            &err);
+}
+
+
+/* Refused at admission: the unit each requests limit took in preaccess
+ * is given back, so that a request refused by one limit is charged to
+ * none. Sent and forgotten; when Redis does not take it, the unit stays
+ * taken (fails closed: a client refused a little sooner, never one let
+ * through more). */
+
+static void
+ngx_http_omni_limit_refund(ngx_http_request_t *r, ngx_http_omni_limit_t *lim)
+{
+    ngx_http_omni_redis_call_t  call;
+
+    ngx_memzero(&call, sizeof(ngx_http_omni_redis_call_t));
+
+    (void) ngx_http_omni_limit_send(r, lim, 1 << NGX_HTTP_OMNI_LIMIT_REQUESTS,
+                                    "force", -1, &call);
 }
 
 
@@ -1007,10 +1029,9 @@ ngx_http_omni_limit_log_handler(ngx_http_request_t *r)
 
 /*
  * One run of the script over the request's limits of the kinds whose
- * bits are set (1 << kind), in mode, each limit taking cost (requests
- * limits always take 1; a check's tokens limits in preaccess take 0, "is
- * one left"). call->r NULL: forgotten. Returns what
- * ngx_http_omni_redis_send() does.
+ * bits are set (1 << kind), in mode, each limit taking cost; in preaccess
+ * (both kinds) requests limits take 1, tokens limits 0 ("is one left").
+ * call->r NULL: forgotten. Returns what ngx_http_omni_redis_send() does.
  */
 
 static ngx_int_t
@@ -1076,10 +1097,10 @@ ngx_http_omni_limit_send(ngx_http_request_t *r, ngx_http_omni_limit_t *lim,
 
         argv[4 + nk + 3 * k] = (const char *) p;
         lens[4 + nk + 3 * k] = ngx_sprintf(p, "%i",
-                                           e->zone->kind
-                                           == NGX_HTTP_OMNI_LIMIT_REQUESTS
-                                           ? 1
-                                           : (kinds == 3 ? 0 : cost))
+                                           kinds != 3
+                                           ? cost
+                                           : (e->zone->kind
+                                              == NGX_HTTP_OMNI_LIMIT_REQUESTS))
                                - p;
         p += lens[4 + nk + 3 * k];
 
