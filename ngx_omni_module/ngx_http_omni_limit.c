@@ -524,7 +524,7 @@ ngx_http_omni_limit(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         ngx_sprintf(shm_name.data, "omni_limit:%V", &value[i]);
 
         /* a zone defined later in the configuration is found then: one
-         * never defined is nginx's "zero size shared memory zone" */
+         * never defined, by ngx_http_omni_limit_init() */
 
         zp = ngx_array_push(olcf->limits);
         if (zp == NULL) {
@@ -553,9 +553,50 @@ ngx_http_omni_limit(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 ngx_int_t
 ngx_http_omni_limit_init(ngx_conf_t *cf)
 {
+    ngx_uint_t                  i;
+    ngx_shm_zone_t             *shm_zone;
+    ngx_list_part_t            *part;
     ngx_http_handler_pt        *h;
     ngx_http_omni_main_conf_t  *omcf;
     ngx_http_core_main_conf_t  *cmcf;
+
+    /* a name omni_limit gave that no omni_limit_zone defines would be
+     * nginx's "zero size shared memory zone": said in our words */
+
+    part = &cf->cycle->shared_memory.part;
+    shm_zone = part->elts;
+
+    for (i = 0; /* void */ ; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                break;
+            }
+
+            part = part->next;
+            shm_zone = part->elts;
+            i = 0;
+        }
+
+        if (shm_zone[i].tag != &ngx_http_omni_module
+            || shm_zone[i].data != NULL
+            || shm_zone[i].shm.name.len <= sizeof("omni_limit:") - 1
+            || ngx_strncmp(shm_zone[i].shm.name.data, "omni_limit:",
+                           sizeof("omni_limit:") - 1)
+               != 0)
+        {
+            continue;
+        }
+
+        ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
+                      "omni_limit \"%*s\": no \"omni_limit_zone zone=%*s\" "
+                      "is defined",
+                      shm_zone[i].shm.name.len - (sizeof("omni_limit:") - 1),
+                      shm_zone[i].shm.name.data + sizeof("omni_limit:") - 1,
+                      shm_zone[i].shm.name.len - (sizeof("omni_limit:") - 1),
+                      shm_zone[i].shm.name.data + sizeof("omni_limit:") - 1);
+        return NGX_ERROR;
+    }
 
     omcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_omni_module);
 
