@@ -6,7 +6,8 @@
 #   use t::lib::OmniServer;
 #   my $s = omni_server_start(engine_args => [...], workers => 1,
 #                             worker_connections => 1024, api_keys => [...],
-#                             http => '...extra http{} text...');
+#                             http => '...extra http{} text...',
+#                             server => '...extra server{} text...');
 #   ... talk to "http://127.0.0.1:$s->{port}/v1/" ...
 #   omni_server_stop($s);      # also done at END
 #
@@ -89,6 +90,7 @@ $keys        }
             omni_metrics;
             omni_pass unix:$o->{socket};
         }
+$o->{server}
     }
 }
 CONF
@@ -120,7 +122,8 @@ sub omni_server_start {
                                  $o{worker_connections} // 1024,
                              log_level => $o{log_level} // 'info',
                              api_keys_file => $keys_file,
-                             http => $o{http} // '' });
+                             http => $o{http} // '',
+                             server => $o{server} // '' });
     open(my $fh, '>', "$s->{prefix}/conf/nginx.conf") or die $!;
     print $fh $conf;
     close $fh;
