@@ -314,6 +314,7 @@ $(BUILD)/bench/flite_say: bench/flite_say.c
 # Debian packages: build, then tests. `make deps` installs only what is
 # missing, so it is quick on a machine that has them.
 BUILD_PKGS := gcc make libpcre2-dev libyajl-dev nginx nginx-dev \
+              libhiredis-dev libxxhash-dev \
               flite1-dev libsoxr-dev libmp3lame-dev libopusenc-dev \
               libopus-dev libflac-dev libavcodec-dev libmpg123-dev \
               libopusfile-dev libpocketsphinx-dev libsphinxbase-dev \
@@ -322,7 +323,7 @@ BUILD_PKGS := gcc make libpcre2-dev libyajl-dev nginx nginx-dev \
 TEST_PKGS  := libsndfile1-dev libmpg123-dev libopusfile-dev libfaad-dev \
               libcmocka-dev clang libclang-rt-14-dev perl git ca-certificates curl \
               nginx nginx-dev nodejs $(if $(shell command -v npm),,npm) \
-              pocketsphinx-testdata lame flac opus-tools
+              pocketsphinx-testdata lame flac opus-tools redis-server
 BENCH_PKGS := cmake g++ git ca-certificates $(if $(shell command -v npm),,npm) \
               pocketsphinx pocketsphinx-en-us libpocketsphinx-dev
 
