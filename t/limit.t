@@ -24,6 +24,8 @@
 #     x-should-retry: false, charged nothing;
 #   - omni_limit_fail with a Redis that is not there: open (200, no
 #     headers) and closed (503 rate_limit_unavailable, Retry-After);
+#   - omni_redis over a Unix socket, with an ACL user and password, a
+#     database and a key namespace;
 #   - the metrics: omni_nginx_limit_total, omni_nginx_redis_*,
 #     omni_nginx_limit_fail_total;
 #   - configuration errors: nginx -t fails, naming the mistake.
@@ -44,8 +46,11 @@ no_shuffle();
 no_long_string();
 
 our $M = $ENV{TEST_NGINX_OMNI_MODEL};
-our $redis = t::lib::Redis->start;
+our $redis = t::lib::Redis->start(unix => 1);
 $ENV{TEST_NGINX_REDIS} = $redis->addr;
+$ENV{TEST_NGINX_REDIS_SOCKET} = $redis->{socket};
+# a user of Redis's ACLs, for omni_redis user= password=
+$redis->cmd(qw(ACL SETUSER omni on >omni-pw ~* +@all));
 $ENV{TEST_NGINX_DEAD_REDIS} = '127.0.0.1:' . t::lib::Redis::free_port();
 $ENV{TEST_NGINX_FAKE_SOCKET} = "$main::TMP/fake-engine.sock";
 our $fake = fake_engine_start($ENV{TEST_NGINX_FAKE_SOCKET});
@@ -850,3 +855,39 @@ if ($i == 2) {
          qr/\[error\] .*omni redis: 127\.0\.0\.1:\d+: connect\(\) failed: Connection refused; until it answers again, omni_limit_fail decides/,
          "$name: the outage logged");
 }
+
+
+
+=== TEST 15: omni_redis over a Unix socket, with user=, password=, db= and namespace=
+--- http_config
+    omni_redis unix:$TEST_NGINX_REDIS_SOCKET user=omni password=omni-pw db=3 namespace=fleet1:;
+    omni_limit_zone zone=rpm rate=2r/m;
+--- config
+    location /v1/ {
+        omni_limit rpm;
+        omni_pass unix:$TEST_NGINX_FAKE_SOCKET;
+    }
+--- more_headers
+Authorization: Bearer sk-one
+--- request eval
+[::chat('hi'), ::chat('hi'), ::chat('hi')]
+--- error_code eval
+[200, 200, 429]
+--- response_headers_like eval
+["x-ratelimit-remaining-requests: 1", "x-ratelimit-remaining-requests: 0",
+ "x-ratelimit-remaining-requests: 0"]
+--- check
+return unless $i == 2;
+is_deeply([$::redis->keys('*')], [], "$name: nothing in db 0");
+$::redis->cmd('SELECT', 3);
+is_deeply([$::redis->keys('*')],
+          ['fleet1:limit:rpm:' . Digest::SHA::sha1_hex('sk-one')],
+          "$name: db 3 holds the key, in the namespace");
+$::redis->cmd('SELECT', 0);
+my @c = grep { ($_->{user} // '') eq 'omni' } @{ $::redis->clients };
+is(scalar @c, 1, "$name: one connection as user omni");
+is($c[0]{db}, 3, "$name: on db 3");
+like($c[0]{laddr} // $c[0]{addr}, qr/\Q$ENV{TEST_NGINX_REDIS_SOCKET}\E/,
+     "$name: over the socket");
+--- no_error_log
+[error]

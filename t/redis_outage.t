@@ -14,6 +14,11 @@
 #     policy answers, a worker's first call times out, the calls after it
 #     fail at once while that one is late (the metrics' timeout and busy
 #     counts), and the limits count again once Redis is back;
+#   - Redis asleep 12 s, past the 10 s a late call may wait: the workers
+#     drop the connection and make it again, the policy answers
+#     throughout, a client leaving while its request waits on Redis is no
+#     matter, and in the end Redis sees one connection per worker;
+#   - SCRIPT FLUSH: the script is sent again (NOSCRIPT, EVAL);
 #   - a password: Redis restarted with requirepass while nginx has none
 #     (NOAUTH), then nginx reloaded with a wrong one (WRONGPASS): one
 #     [error] line naming it per worker, however many reconnects and
@@ -27,6 +32,7 @@ use t::lib::OmniServer;
 use t::lib::FakeEngine;
 use t::lib::Redis;
 use t::lib::HttpLoad;
+use IO::Socket::INET;
 use JSON::PP;
 use Test::More;
 use Time::HiRes qw(time sleep);
@@ -234,6 +240,68 @@ for my $pid (sort keys %$errs) {
     like($errs->{$pid}[0], qr/no answer within 300 ms \(timeout\)/,
          "worker $pid: says the timeout");
 }
+
+# --- asleep past the stall: the connection is made again -----------------
+
+# DEBUG SLEEP 12: a worker's late call stays unanswered for 10 s, so the
+# worker drops the connection and connects again (its handshake then
+# waits on Redis too, connect_timeout drops it, and so on until Redis
+# wakes); a client that leaves while its request waits on Redis; the
+# policy throughout; then one connection per worker, nothing pending.
+$m = nginx_metrics();
+my $connects = $m->{omni_nginx_redis_connects_total};
+$from = log_size();
+$redis->sleep_bg(12);
+$t0 = time;
+ok(wait_for(5, sub { !$redis->responsive(0.1) }), 'Redis sleeps 12 s');
+{
+    my $c = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$s->{port}");
+    my $r = http_request(chat('closed', 'sk-leaves'));
+    print $c $r;
+    sleep 0.05;
+    close $c;
+}
+@slow = ();
+while (time - $t0 < 11) {
+    my $where = @slow % 2 ? 'open' : 'closed';
+    my ($a) = http_burst([chat($where, 'sk-stall-' . @slow)], timeout => 30);
+    push @slow, [$where, $a];
+    sleep 0.1;
+}
+@wrong = grep { defined } map { policy_wrong(@$_) } @slow;
+is_deeply(\@wrong, [], scalar(@slow) . ' requests in 11 s of sleep: the '
+                       . 'policy, none waits');
+is($redis->sleep_wait(10), 'OK', 'the sleep ended');
+ok(wait_for(10, sub { redis_up($WORKERS) }), 'both workers connected');
+ok(wait_for(10, sub { nginx_metrics()->{omni_nginx_redis_pending} == 0 }),
+   'nothing pending');
+ok(wait_limits($_), "limits counted again after the stall ($_)")
+    for qw(open closed);
+my $clients = wait_for(10, sub {
+    my $c = $redis->clients;
+    return @$c == $WORKERS ? $c : undef;
+}) // $redis->clients;
+is(scalar @$clients, $WORKERS, "Redis sees $WORKERS clients")
+    or diag(explain($clients));
+$errs = redis_errors($from);
+ok(scalar keys %$errs >= 1, 'the slowness logged');
+for my $pid (sort keys %$errs) {
+    is(scalar @{ $errs->{$pid} }, 1, "worker $pid: once, stall and "
+                                     . "reconnects included")
+        or diag(join "\n", @{ $errs->{$pid} });
+}
+is(nginx_metrics()->{omni_nginx_redis_connects_total} - $connects,
+   scalar keys %$errs, 'each worker that waited on Redis connected again');
+
+# --- a script Redis lost: NOSCRIPT, sent again as EVAL ---------------------
+
+$from = log_size();
+is($redis->cmd('SCRIPT', 'FLUSH'), 'OK', 'SCRIPT FLUSH');
+limits_count($_, 'after SCRIPT FLUSH') for qw(open closed);
+like(substr(main::slurp($log_file), $from),
+     qr/\[notice\] .*omni redis: \Q$addr\E does not have the script omni_limit, sending it again/,
+     'NOSCRIPT: sent again, at notice');
+is_deeply(redis_errors($from), {}, 'NOSCRIPT: no [error]');
 
 # --- a password ------------------------------------------------------------
 
