@@ -5,16 +5,16 @@
 #   - Redis killed (SIGKILL) while requests run: every request is answered
 #     by the policy at once (open: 200 without x-ratelimit headers;
 #     closed: 503 rate_limit_unavailable with Retry-After), none waits
-#     (each under 2 s: "does not hang", not a measure of speed); restarted:
+#     (each under 3 s: "does not hang", not a measure of speed); restarted:
 #     both workers connect again and the limits count again within
 #     seconds; the outage is one [error] line per worker (the connection
 #     lost; the reconnects refused after it are the same outage), and one
 #     [notice] when Redis answers again;
-#   - Redis slower than omni_redis timeout= (DEBUG SLEEP 2 with 300ms): the
+#   - Redis slower than omni_redis timeout= (DEBUG SLEEP 5 with 1s): the
 #     policy answers, a worker's first call times out, the calls after it
 #     fail at once while that one is late (the metrics' timeout and busy
 #     counts), and the limits count again once Redis is back;
-#   - Redis asleep 12 s, past the 10 s a late call may wait: the workers
+#   - Redis asleep 13 s, past the 10 s a late call may wait: the workers
 #     drop the connection and make it again, the policy answers
 #     throughout, a client leaving while its request waits on Redis is no
 #     matter, and in the end Redis sees one connection per worker;
@@ -38,7 +38,7 @@ use Test::More;
 use Time::HiRes qw(time sleep);
 
 my $WORKERS = 2;
-my $HANG = 2;           # seconds: an answer slower than this "hangs"
+my $HANG = 3;           # seconds: an answer slower than this "hangs"
 
 my $redis = t::lib::Redis->start;
 my $sock = "$main::TMP/fake-engine.sock";
@@ -49,7 +49,7 @@ sub http_text {
     my ($password) = @_;
     my $pw = defined $password ? " password=$password" : '';
     return <<"HTTP";
-    omni_redis $addr timeout=300ms connect_timeout=500ms$pw;
+    omni_redis $addr timeout=1s connect_timeout=1s$pw;
     omni_limit_zone zone=rph rate=3r/h;
 HTTP
 }
@@ -162,16 +162,16 @@ limits_count($_, 'Redis up') for qw(open closed);
 my @mix = map { chat($_ % 2 ? 'open' : 'closed', "sk-load-$_") } 1 .. 8;
 my $from = log_size();
 my $load = http_load_start(requests => \@mix, concurrency => 8,
-                           timeout => $HANG);
+                           timeout => 5);
 sleep 0.3;
 $redis->kill('KILL');
 ok(wait_for(10, sub { redis_up(0) }), 'killed: both workers see it');
 my @a = http_burst([map { chat($_ % 2 ? 'open' : 'closed', "sk-down-$_") }
                     1 .. 20], timeout => 30);
-my @wrong = grep { defined } map { policy_wrong($_ % 2 ? 'open' : 'closed',
-                                                $a[$_ - 1]) } 1 .. 20;
+my @wrong = grep { defined } map { my $w = $_ % 2 ? 'open' : 'closed';
+    my $e = policy_wrong($w, $a[$_ - 1]); $e && "$w: $e" } 1 .. 20;
 is_deeply(\@wrong, [], '20 requests at once while it is down: the policy, '
-                       . 'at once');
+                       . 'at once') or diag(join "\n", @wrong);
 my $m = nginx_metrics();
 ok($m->{'omni_nginx_limit_fail_total{policy="open"}'} >= 10
    && $m->{'omni_nginx_limit_fail_total{policy="closed"}'} >= 10,
@@ -181,7 +181,7 @@ ok(wait_for(10, sub { redis_up($WORKERS) }),
    'restarted: both workers connected again');
 my $res = http_load_stop($load);
 is_deeply($res->{over}, [], "the load meanwhile: $res->{n} requests, each "
-          . "answered within $HANG s") or diag(explain($res));
+          . "answered within 5 s") or diag(explain($res));
 my @codes = sort keys %{ $res->{status} };
 ok(!grep({ !/^(?:200|429|503)$/ } @codes),
    'the load got 200, 429 or 503 only (' . join(', ', map {
@@ -208,18 +208,18 @@ $m = nginx_metrics();
 my %before = map { $_ => $m->{"omni_nginx_redis_errors_total{kind=\"$_\"}"} }
              qw(timeout busy);
 $from = log_size();
-$redis->sleep_bg(3);
+$redis->sleep_bg(5);
 my $t0 = time;
-ok(wait_for(5, sub { !$redis->responsive(0.1) }), 'Redis sleeps');
+ok(wait_for(5, sub { !$redis->responsive(0.1) }), 'Redis sleeps 5 s');
 my @slow;
-while (time - $t0 < 1.5) {
+while (time - $t0 < 3) {
     my $where = @slow % 2 ? 'open' : 'closed';
     my ($a) = http_burst([chat($where, 'sk-slow-' . @slow)], timeout => 30);
     push @slow, [$where, $a];
 }
 @wrong = grep { defined } map { policy_wrong(@$_) } @slow;
 is_deeply(\@wrong, [], scalar(@slow) . ' requests while Redis sleeps: the '
-                       . 'policy, none waits');
+                       . 'policy, none waits') or diag(join "\n", @wrong);
 is($redis->sleep_wait(10), 'OK', 'the sleep ended');
 $m = nginx_metrics();
 my $timeouts = $m->{'omni_nginx_redis_errors_total{kind="timeout"}'}
@@ -237,13 +237,13 @@ ok(scalar keys %$errs >= 1, 'the slowness logged');
 for my $pid (sort keys %$errs) {
     is(scalar @{ $errs->{$pid} }, 1, "worker $pid: the slowness once")
         or diag(join "\n", @{ $errs->{$pid} });
-    like($errs->{$pid}[0], qr/no answer within 300 ms \(timeout\)/,
+    like($errs->{$pid}[0], qr/no answer within 1000 ms \(timeout\)/,
          "worker $pid: says the timeout");
 }
 
 # --- asleep past the stall: the connection is made again -----------------
 
-# DEBUG SLEEP 12: a worker's late call stays unanswered for 10 s, so the
+# DEBUG SLEEP 13: a worker's late call stays unanswered for 10 s, so the
 # worker drops the connection and connects again (its handshake then
 # waits on Redis too, connect_timeout drops it, and so on until Redis
 # wakes); a client that leaves while its request waits on Redis; the
@@ -251,9 +251,9 @@ for my $pid (sort keys %$errs) {
 $m = nginx_metrics();
 my $connects = $m->{omni_nginx_redis_connects_total};
 $from = log_size();
-$redis->sleep_bg(12);
+$redis->sleep_bg(13);
 $t0 = time;
-ok(wait_for(5, sub { !$redis->responsive(0.1) }), 'Redis sleeps 12 s');
+ok(wait_for(5, sub { !$redis->responsive(0.1) }), 'Redis sleeps 13 s');
 {
     my $c = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$s->{port}");
     my $r = http_request(chat('closed', 'sk-leaves'));
@@ -270,7 +270,7 @@ while (time - $t0 < 11) {
 }
 @wrong = grep { defined } map { policy_wrong(@$_) } @slow;
 is_deeply(\@wrong, [], scalar(@slow) . ' requests in 11 s of sleep: the '
-                       . 'policy, none waits');
+                       . 'policy, none waits') or diag(join "\n", @wrong);
 is($redis->sleep_wait(10), 'OK', 'the sleep ended');
 ok(wait_for(10, sub { redis_up($WORKERS) }), 'both workers connected');
 ok(wait_for(10, sub { nginx_metrics()->{omni_nginx_redis_pending} == 0 }),
@@ -290,8 +290,11 @@ for my $pid (sort keys %$errs) {
                                      . "reconnects included")
         or diag(join "\n", @{ $errs->{$pid} });
 }
-is(nginx_metrics()->{omni_nginx_redis_connects_total} - $connects,
-   scalar keys %$errs, 'each worker that waited on Redis connected again');
+# a worker whose first call came late enough in the sleep is answered
+# before its 10 s are up; the first call's is not
+my $again = nginx_metrics()->{omni_nginx_redis_connects_total} - $connects;
+ok($again >= 1 && $again <= scalar keys %$errs,
+   "a worker that waited on Redis 10 s connected again ($again)");
 
 # --- a script Redis lost: NOSCRIPT, sent again as EVAL ---------------------
 
@@ -322,7 +325,7 @@ sub policy_while {
                         1 .. 10], timeout => 30);
     my @wrong = grep { defined } map { policy_wrong($_ % 2 ? 'open'
                                        : 'closed', $a[$_ - 1]) } 1 .. 10;
-    is_deeply(\@wrong, [], "$what: the policy");
+    is_deeply(\@wrong, [], "$what: the policy") or diag(join "\n", @wrong);
 }
 
 $from = log_size();
