@@ -28,6 +28,8 @@
 #     database and a key namespace;
 #   - the metrics: omni_nginx_limit_total, omni_nginx_redis_*,
 #     omni_nginx_limit_fail_total;
+#   - an internal redirect (error_page to a fallback) is checked and
+#     charged once;
 #   - configuration errors: nginx -t fails, naming the mistake.
 #
 # omni_redis has timeout=5s: on a loaded machine Redis may answer later
@@ -43,6 +45,7 @@ use Test::Nginx::Socket 'no_plan';
 use Digest::SHA qw(sha1_hex);
 use File::Path qw(make_path);
 use HTTP::Tiny;
+use IO::Socket::UNIX;
 use POSIX qw(ceil);
 use Time::HiRes qw(time sleep);
 
@@ -58,6 +61,11 @@ $redis->cmd(qw(ACL SETUSER omni on >omni-pw ~* +@all));
 $ENV{TEST_NGINX_DEAD_REDIS} = '127.0.0.1:' . t::lib::Redis::free_port();
 $ENV{TEST_NGINX_FAKE_SOCKET} = "$main::TMP/fake-engine.sock";
 our $fake = fake_engine_start($ENV{TEST_NGINX_FAKE_SOCKET});
+# a socket file nothing listens on: connect() is refused (an [error],
+# where a missing file would be a [crit])
+$ENV{TEST_NGINX_REFUSING_SOCKET} = "$main::TMP/refusing.sock";
+IO::Socket::UNIX->new(Local => $ENV{TEST_NGINX_REFUSING_SOCKET},
+                      Listen => 1) or die "refusing.sock: $!\n";
 
 our %PERIOD = (s => 1000, m => 60_000, h => 3_600_000, d => 86_400_000);
 
@@ -896,3 +904,38 @@ like($c[0]{laddr} // $c[0]{addr}, qr/\Q$ENV{TEST_NGINX_REDIS_SOCKET}\E/,
      "$name: over the socket");
 --- no_error_log
 [error]
+
+
+
+=== TEST 16: an internal redirect (error_page to a fallback engine) is checked and charged once, as limit_req does
+--- http_config
+    omni_redis $TEST_NGINX_REDIS timeout=5s connect_timeout=5s;
+    omni_limit_zone zone=r rate=3r/h;
+    omni_limit_zone zone=t rate=1000t/d burst=1000;
+--- config
+    location /v1/ {
+        omni_limit r t;
+        omni_pass unix:$TEST_NGINX_REFUSING_SOCKET;
+        error_page 502 503 = @fallback;
+    }
+    location @fallback {
+        omni_limit r t;
+        omni_pass unix:$TEST_NGINX_FAKE_SOCKET;
+    }
+--- more_headers
+Authorization: Bearer sk-one
+--- request eval
+[map { ::chat('hi') } 1 .. 4]
+--- error_code eval
+[200, 200, 200, 429]
+--- response_headers_like eval
+["x-ratelimit-remaining-requests: 2", "x-ratelimit-remaining-requests: 1",
+ "x-ratelimit-remaining-requests: 0", "x-ratelimit-remaining-requests: 0"]
+--- check
+if ($i < 3) {
+    is($json->{choices}[0]{message}{content}, 'fake',
+       "$name: answered by the fallback");
+    my $u = ::wait_used(4 * ($i + 1), 't', 'sk-one', 1000, 'd');
+    ok(abs($u - 4 * ($i + 1)) < 0.5,
+       "$name: one estimate, corrected once ($u)");
+}
