@@ -127,6 +127,8 @@ struct ngx_http_omni_limit_s {
 static ngx_int_t ngx_http_omni_limit_handler(ngx_http_request_t *r);
 static ngx_int_t ngx_http_omni_limit_start(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, ngx_http_omni_loc_conf_t *olcf);
+static ngx_http_omni_limit_t *ngx_http_omni_limit_find(ngx_http_request_t *r);
+static void ngx_http_omni_limit_cleanup(void *data);
 static void ngx_http_omni_limit_checked(ngx_http_omni_redis_call_t *call,
     redisReply *reply);
 static void ngx_http_omni_limit_charged(ngx_http_omni_redis_call_t *call,
@@ -656,6 +658,12 @@ ngx_http_omni_limit_handler(ngx_http_request_t *r)
 
     lim = ctx->limit;
 
+    if (lim == NULL && r->internal) {
+        /* an internal redirect: checked once, in the first location */
+        lim = ngx_http_omni_limit_find(r);
+        ctx->limit = lim;
+    }
+
     if (lim == NULL) {
         return ngx_http_omni_limit_start(r, ctx, olcf);
     }
@@ -702,6 +710,7 @@ ngx_http_omni_limit_start(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_uint_t                    i, tokens;
     ngx_sha1_t                    sha1;
     ngx_shm_zone_t              **zones;
+    ngx_pool_cleanup_t           *cln;
     ngx_http_omni_limit_t        *lim;
     ngx_http_omni_redis_conf_t   *rcf;
     ngx_http_omni_limit_zone_t   *zone;
@@ -720,6 +729,14 @@ ngx_http_omni_limit_start(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 
     lim->charged = -1;
     ctx->limit = lim;
+
+    cln = ngx_pool_cleanup_add(r->pool, 0);
+    if (cln == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    cln->handler = ngx_http_omni_limit_cleanup;
+    cln->data = lim;
 
     rcf = ngx_http_omni_redis_conf(r);
 
@@ -801,6 +818,36 @@ ngx_http_omni_limit_start(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     r->write_event_handler = ngx_http_request_empty_handler;
 
     return NGX_AGAIN;
+}
+
+
+/*
+ * An internal redirect (error_page, try_files) resets the module's
+ * context, not the request: the limits it checked and charged are found
+ * again in the pool's cleanup list (as ngx_http_realip_module finds its
+ * address), so that a request is checked once, as limit_req does, and
+ * corrected once. NULL: none checked.
+ */
+
+static ngx_http_omni_limit_t *
+ngx_http_omni_limit_find(ngx_http_request_t *r)
+{
+    ngx_pool_cleanup_t  *cln;
+
+    for (cln = r->pool->cleanup; cln; cln = cln->next) {
+        if (cln->handler == ngx_http_omni_limit_cleanup) {
+            return cln->data;
+        }
+    }
+
+    return NULL;
+}
+
+
+static void
+ngx_http_omni_limit_cleanup(void *data)
+{
+    /* nothing to release: a mark for ngx_http_omni_limit_find() */
 }
 
 
@@ -895,7 +942,10 @@ ngx_http_omni_limit_admit(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 
     lim = ctx->limit;
 
-    if (lim == NULL || !lim->tokens || lim->open || !lim->checked) {
+    if (lim == NULL || !lim->tokens || lim->open || !lim->checked
+        || lim->charged >= 0)
+    {
+        /* none, or taken before an internal redirect */
         return NGX_OK;
     }
 
@@ -1032,13 +1082,16 @@ ngx_http_omni_limit_log_handler(ngx_http_request_t *r)
 
     ctx = ngx_http_get_module_ctx(r, ngx_http_omni_module);
 
-    if (ctx == NULL || ctx->limit == NULL || r != r->main) {
+    if (ctx == NULL || r != r->main) {
         return NGX_OK;
     }
 
-    lim = ctx->limit;
+    /* after an internal redirect to a location without limits, the
+     * estimate taken before it */
 
-    if (lim->charged < 0 || !ctx->usage_seen) {
+    lim = ctx->limit ? ctx->limit : ngx_http_omni_limit_find(r);
+
+    if (lim == NULL || lim->charged < 0 || !ctx->usage_seen) {
         return NGX_OK;
     }
 
