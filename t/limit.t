@@ -69,6 +69,11 @@ IO::Socket::UNIX->new(Local => $ENV{TEST_NGINX_REFUSING_SOCKET},
 
 our %PERIOD = (s => 1000, m => 60_000, h => 3_600_000, d => 86_400_000);
 
+# nginx's freed memory is overwritten (glibc's MALLOC_PERTURB_, read by
+# the nginx processes Test::Nginx starts from here on), so that a request
+# used after it was freed shows as a worker that dies
+$ENV{MALLOC_PERTURB_} //= 165;
+
 # each block starts from an empty Redis
 add_block_preprocessor(sub { $redis->cmd('FLUSHALL') });
 

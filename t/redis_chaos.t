@@ -32,6 +32,11 @@ my $KILLS = $ENV{OMNI_CHAOS_KILLS} // 100;
 my $redis = t::lib::Redis->start;
 my $addr = $redis->addr;
 my $engine = main::serve_start(timeout => 60);
+
+# nginx's freed memory is overwritten (glibc's MALLOC_PERTURB_, read by
+# the nginx started below), so that memory used after it was freed shows
+# as a worker that dies
+$ENV{MALLOC_PERTURB_} //= 165;
 my $pid0 = $$;
 END { main::serve_stop($engine, 15) if $engine && $$ == $pid0 }
 my $sock = $engine->{socket};
