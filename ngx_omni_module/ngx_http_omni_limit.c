@@ -855,6 +855,7 @@ static void
 ngx_http_omni_limit_checked(ngx_http_omni_redis_call_t *call,
     redisReply *reply)
 {
+    ngx_connection_t          *c;
     ngx_http_request_t        *r;
     ngx_http_omni_ctx_t       *ctx;
     ngx_http_omni_limit_t     *lim;
@@ -863,6 +864,10 @@ ngx_http_omni_limit_checked(ngx_http_omni_redis_call_t *call,
     r = call->r;
     ctx = call->data;
     lim = ctx->limit;
+
+    /* the request may be freed by the phases run below (a refusal, an
+     * error): its connection is kept for the posted requests */
+    c = r->connection;
 
     lim->waiting = 0;
 
@@ -879,7 +884,7 @@ ngx_http_omni_limit_checked(ngx_http_omni_redis_call_t *call,
                   != NGX_OK)
     {
         ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
-        ngx_http_run_posted_requests(r->connection);
+        ngx_http_run_posted_requests(c);
         return;
     }
 
@@ -887,7 +892,7 @@ ngx_http_omni_limit_checked(ngx_http_omni_redis_call_t *call,
     r->write_event_handler = ngx_http_core_run_phases;
 
     ngx_http_core_run_phases(r);
-    ngx_http_run_posted_requests(r->connection);
+    ngx_http_run_posted_requests(c);
 }
 
 
