@@ -145,6 +145,8 @@ ngx_http_omni_audio_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
             return ngx_http_omni_invalid_frame(r, ctx, "DONE");
         }
 
+        ctx->usage_seen = 1;
+
         ctx->done = 1;
         ngx_http_omni_keepalive_stop(ctx);
 

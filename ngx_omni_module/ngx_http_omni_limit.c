@@ -127,10 +127,14 @@ struct ngx_http_omni_limit_s {
 static ngx_int_t ngx_http_omni_limit_handler(ngx_http_request_t *r);
 static ngx_int_t ngx_http_omni_limit_start(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, ngx_http_omni_loc_conf_t *olcf);
+static ngx_http_omni_limit_t *ngx_http_omni_limit_find(ngx_http_request_t *r);
+static void ngx_http_omni_limit_cleanup(void *data);
 static void ngx_http_omni_limit_checked(ngx_http_omni_redis_call_t *call,
     redisReply *reply);
 static void ngx_http_omni_limit_charged(ngx_http_omni_redis_call_t *call,
     redisReply *reply);
+static void ngx_http_omni_limit_refund(ngx_http_request_t *r,
+    ngx_http_omni_limit_t *lim);
 static ngx_int_t ngx_http_omni_limit_log_handler(ngx_http_request_t *r);
 static ngx_int_t ngx_http_omni_limit_send(ngx_http_request_t *r,
     ngx_http_omni_limit_t *lim, ngx_uint_t kinds, const char *mode,
@@ -160,7 +164,11 @@ static ngx_int_t ngx_http_omni_limit_init_zone(ngx_shm_zone_t *shm_zone,
  * to them: corrections, which may be negative). Then three per limit:
  * microseconds per unit, the bucket's units, the cost. Answers
  * {ok, then per limit: units left, ms until full, ms until it would take
- * the cost (0: it would now)}.
+ * the cost (0: it would now)}. The arithmetic is on d, how far the
+ * bucket's time is ahead of now, never on the times themselves: T is
+ * fractional and now about 2^51 us, where a double's rounding would make
+ * a bucket of exactly n units left read n - 1, or refuse a cost that fits
+ * exactly.
  */
 
 static ngx_http_omni_redis_script_t  ngx_http_omni_limit_script = {
@@ -170,22 +178,21 @@ static ngx_http_omni_redis_script_t  ngx_http_omni_limit_script = {
 "local now = tonumber(t[1]) * 1000000 + tonumber(t[2])\n"
 "local force = ARGV[1] == 'force'\n"
 "local ok = 1\n"
-"local tat, retry = {}, {}\n"
+"local due, retry = {}, {}\n"
 "for i = 1, #KEYS do\n"
 "  local T = tonumber(ARGV[3 * i - 1])\n"
 "  local cap = tonumber(ARGV[3 * i])\n"
 "  local cost = tonumber(ARGV[3 * i + 1])\n"
-"  local v = tonumber(redis.call('GET', KEYS[i]) or '0') or 0\n"
-"  if v < now then v = now end\n"
-"  tat[i] = v\n"
+"  local d = (tonumber(redis.call('GET', KEYS[i]) or '0') or 0) - now\n"
+"  if d < 0 then d = 0 end\n"
+"  due[i] = d\n"
 "  local need = cost\n"
 "  if need < 1 then need = 1 end\n"
-"  local at = v + need * T - cap * T\n"
+"  local at = d + (need - cap) * T\n"
 "  retry[i] = 0\n"
-"  if at > now then\n"
-"    retry[i] = math.ceil((at - now) / 1000)\n"
-"    if not force and cost > 0 then ok = 0 end\n"
-"    if not force and cost == 0 and v + T - cap * T > now then ok = 0 end\n"
+"  if at > 0 then\n"
+"    retry[i] = math.ceil(at / 1000)\n"
+"    if not force then ok = 0 end\n"
 "  end\n"
 "end\n"
 "local out = {ok}\n"
@@ -193,22 +200,22 @@ static ngx_http_omni_redis_script_t  ngx_http_omni_limit_script = {
 "  local T = tonumber(ARGV[3 * i - 1])\n"
 "  local cap = tonumber(ARGV[3 * i])\n"
 "  local cost = tonumber(ARGV[3 * i + 1])\n"
-"  local v = tat[i]\n"
+"  local d = due[i]\n"
 "  if (ok == 1 or force) and cost ~= 0 then\n"
-"    v = v + cost * T\n"
-"    if v < now then v = now end\n"
-"    if v > now then\n"
-"      redis.call('SET', KEYS[i], string.format('%.0f', v), 'PX',\n"
-"                 math.ceil((v - now) / 1000) + 1000)\n"
+"    d = d + cost * T\n"
+"    if d > 0 then\n"
+"      redis.call('SET', KEYS[i], string.format('%.0f', now + d), 'PX',\n"
+"                 math.ceil(d / 1000) + 1000)\n"
 "    else\n"
+"      d = 0\n"
 "      redis.call('DEL', KEYS[i])\n"
 "    end\n"
 "    if ok == 1 then retry[i] = 0 end\n"
 "  end\n"
-"  local left = math.floor((cap * T - (v - now)) / T)\n"
+"  local left = math.floor(cap - d / T + 1e-6)\n"
 "  if left < 0 then left = 0 end\n"
 "  out[3 * i - 1] = left\n"
-"  out[3 * i] = math.ceil((v - now) / 1000)\n"
+"  out[3 * i] = math.ceil(d / 1000)\n"
 "  out[3 * i + 1] = retry[i]\n"
 "end\n"
 "return out\n"),
@@ -519,7 +526,7 @@ ngx_http_omni_limit(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         ngx_sprintf(shm_name.data, "omni_limit:%V", &value[i]);
 
         /* a zone defined later in the configuration is found then: one
-         * never defined is nginx's "zero size shared memory zone" */
+         * never defined, by ngx_http_omni_limit_init() */
 
         zp = ngx_array_push(olcf->limits);
         if (zp == NULL) {
@@ -548,9 +555,50 @@ ngx_http_omni_limit(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 ngx_int_t
 ngx_http_omni_limit_init(ngx_conf_t *cf)
 {
+    ngx_uint_t                  i;
+    ngx_shm_zone_t             *shm_zone;
+    ngx_list_part_t            *part;
     ngx_http_handler_pt        *h;
     ngx_http_omni_main_conf_t  *omcf;
     ngx_http_core_main_conf_t  *cmcf;
+
+    /* a name omni_limit gave that no omni_limit_zone defines would be
+     * nginx's "zero size shared memory zone": said in our words */
+
+    part = &cf->cycle->shared_memory.part;
+    shm_zone = part->elts;
+
+    for (i = 0; /* void */ ; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                break;
+            }
+
+            part = part->next;
+            shm_zone = part->elts;
+            i = 0;
+        }
+
+        if (shm_zone[i].tag != &ngx_http_omni_module
+            || shm_zone[i].data != NULL
+            || shm_zone[i].shm.name.len <= sizeof("omni_limit:") - 1
+            || ngx_strncmp(shm_zone[i].shm.name.data, "omni_limit:",
+                           sizeof("omni_limit:") - 1)
+               != 0)
+        {
+            continue;
+        }
+
+        ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
+                      "omni_limit \"%*s\": no \"omni_limit_zone zone=%*s\" "
+                      "is defined",
+                      shm_zone[i].shm.name.len - (sizeof("omni_limit:") - 1),
+                      shm_zone[i].shm.name.data + sizeof("omni_limit:") - 1,
+                      shm_zone[i].shm.name.len - (sizeof("omni_limit:") - 1),
+                      shm_zone[i].shm.name.data + sizeof("omni_limit:") - 1);
+        return NGX_ERROR;
+    }
 
     omcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_omni_module);
 
@@ -610,6 +658,12 @@ ngx_http_omni_limit_handler(ngx_http_request_t *r)
 
     lim = ctx->limit;
 
+    if (lim == NULL && r->internal) {
+        /* an internal redirect: checked once, in the first location */
+        lim = ngx_http_omni_limit_find(r);
+        ctx->limit = lim;
+    }
+
     if (lim == NULL) {
         return ngx_http_omni_limit_start(r, ctx, olcf);
     }
@@ -656,6 +710,7 @@ ngx_http_omni_limit_start(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_uint_t                    i, tokens;
     ngx_sha1_t                    sha1;
     ngx_shm_zone_t              **zones;
+    ngx_pool_cleanup_t           *cln;
     ngx_http_omni_limit_t        *lim;
     ngx_http_omni_redis_conf_t   *rcf;
     ngx_http_omni_limit_zone_t   *zone;
@@ -674,6 +729,14 @@ ngx_http_omni_limit_start(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 
     lim->charged = -1;
     ctx->limit = lim;
+
+    cln = ngx_pool_cleanup_add(r->pool, 0);
+    if (cln == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    cln->handler = ngx_http_omni_limit_cleanup;
+    cln->data = lim;
 
     rcf = ngx_http_omni_redis_conf(r);
 
@@ -758,10 +821,41 @@ ngx_http_omni_limit_start(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 }
 
 
+/*
+ * An internal redirect (error_page, try_files) resets the module's
+ * context, not the request: the limits it checked and charged are found
+ * again in the pool's cleanup list (as ngx_http_realip_module finds its
+ * address), so that a request is checked once, as limit_req does, and
+ * corrected once. NULL: none checked.
+ */
+
+static ngx_http_omni_limit_t *
+ngx_http_omni_limit_find(ngx_http_request_t *r)
+{
+    ngx_pool_cleanup_t  *cln;
+
+    for (cln = r->pool->cleanup; cln; cln = cln->next) {
+        if (cln->handler == ngx_http_omni_limit_cleanup) {
+            return cln->data;
+        }
+    }
+
+    return NULL;
+}
+
+
+static void
+ngx_http_omni_limit_cleanup(void *data)
+{
+    /* nothing to release: a mark for ngx_http_omni_limit_find() */
+}
+
+
 static void
 ngx_http_omni_limit_checked(ngx_http_omni_redis_call_t *call,
     redisReply *reply)
 {
+    ngx_connection_t          *c;
     ngx_http_request_t        *r;
     ngx_http_omni_ctx_t       *ctx;
     ngx_http_omni_limit_t     *lim;
@@ -770,6 +864,10 @@ ngx_http_omni_limit_checked(ngx_http_omni_redis_call_t *call,
     r = call->r;
     ctx = call->data;
     lim = ctx->limit;
+
+    /* the request may be freed by the phases run below (a refusal, an
+     * error): its connection is kept for the posted requests */
+    c = r->connection;
 
     lim->waiting = 0;
 
@@ -786,7 +884,7 @@ ngx_http_omni_limit_checked(ngx_http_omni_redis_call_t *call,
                   != NGX_OK)
     {
         ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
-        ngx_http_run_posted_requests(r->connection);
+        ngx_http_run_posted_requests(c);
         return;
     }
 
@@ -794,7 +892,7 @@ ngx_http_omni_limit_checked(ngx_http_omni_redis_call_t *call,
     r->write_event_handler = ngx_http_core_run_phases;
 
     ngx_http_core_run_phases(r);
-    ngx_http_run_posted_requests(r->connection);
+    ngx_http_run_posted_requests(c);
 }
 
 
@@ -849,7 +947,10 @@ ngx_http_omni_limit_admit(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 
     lim = ctx->limit;
 
-    if (lim == NULL || !lim->tokens || lim->open || !lim->checked) {
+    if (lim == NULL || !lim->tokens || lim->open || !lim->checked
+        || lim->charged >= 0)
+    {
+        /* none, or taken before an internal redirect */
         return NGX_OK;
     }
 
@@ -871,6 +972,7 @@ ngx_http_omni_limit_admit(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
         {
             /* no wait would make room for it */
             ngx_http_omni_count_limit(e->zone, 0);
+            ngx_http_omni_limit_refund(r, lim);
             return ngx_http_omni_limit_refusal(r, lim, e, 1, err) == NGX_OK
                    ? NGX_DECLINED : NGX_ERROR;
         }
@@ -881,8 +983,13 @@ ngx_http_omni_limit_admit(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     rc = ngx_http_omni_limit_send(r, lim, 1 << NGX_HTTP_OMNI_LIMIT_TOKENS,
                                   "check", cost, &lim->call);
 
-    if (rc != NGX_DECLINED) {
-        return rc;
+    if (rc == NGX_OK) {
+        /* sent: the request waits for ngx_http_omni_limit_charged() */
+        return NGX_AGAIN;
+    }
+
+    if (rc == NGX_ERROR) {
+        return NGX_ERROR;
     }
 
     olcf = ngx_http_get_module_loc_conf(r, ngx_http_omni_module);
@@ -939,12 +1046,31 @@ ngx_http_omni_limit_charged(ngx_http_omni_redis_call_t *call,
         }
 
         if (rc == NGX_OK) {
+            ngx_http_omni_limit_refund(r, lim);
             rc = ngx_http_omni_limit_refusal(r, lim, lim->refused, 0, &err);
         }
     }
 
     ngx_http_omni_admitted(r, ctx, rc == NGX_OK ? NGX_DECLINED : NGX_ERROR,
                            &err);
+}
+
+
+/* Refused at admission: the unit each requests limit took in preaccess
+ * is given back, so that a request refused by one limit is charged to
+ * none. Sent and forgotten; when Redis does not take it, the unit stays
+ * taken (fails closed: a client refused a little sooner, never one let
+ * through more). */
+
+static void
+ngx_http_omni_limit_refund(ngx_http_request_t *r, ngx_http_omni_limit_t *lim)
+{
+    ngx_http_omni_redis_call_t  call;
+
+    ngx_memzero(&call, sizeof(ngx_http_omni_redis_call_t));
+
+    (void) ngx_http_omni_limit_send(r, lim, 1 << NGX_HTTP_OMNI_LIMIT_REQUESTS,
+                                    "force", -1, &call);
 }
 
 
@@ -961,13 +1087,16 @@ ngx_http_omni_limit_log_handler(ngx_http_request_t *r)
 
     ctx = ngx_http_get_module_ctx(r, ngx_http_omni_module);
 
-    if (ctx == NULL || ctx->limit == NULL || r != r->main) {
+    if (ctx == NULL || r != r->main) {
         return NGX_OK;
     }
 
-    lim = ctx->limit;
+    /* after an internal redirect to a location without limits, the
+     * estimate taken before it */
 
-    if (lim->charged < 0 || !ctx->usage_seen) {
+    lim = ctx->limit ? ctx->limit : ngx_http_omni_limit_find(r);
+
+    if (lim == NULL || lim->charged < 0 || !ctx->usage_seen) {
         return NGX_OK;
     }
 
@@ -999,10 +1128,9 @@ ngx_http_omni_limit_log_handler(ngx_http_request_t *r)
 
 /*
  * One run of the script over the request's limits of the kinds whose
- * bits are set (1 << kind), in mode, each limit taking cost (requests
- * limits always take 1; a check's tokens limits in preaccess take 0, "is
- * one left"). call->r NULL: forgotten. Returns what
- * ngx_http_omni_redis_send() does.
+ * bits are set (1 << kind), in mode, each limit taking cost; in preaccess
+ * (both kinds) requests limits take 1, tokens limits 0 ("is one left").
+ * call->r NULL: forgotten. Returns what ngx_http_omni_redis_send() does.
  */
 
 static ngx_int_t
@@ -1068,10 +1196,10 @@ ngx_http_omni_limit_send(ngx_http_request_t *r, ngx_http_omni_limit_t *lim,
 
         argv[4 + nk + 3 * k] = (const char *) p;
         lens[4 + nk + 3 * k] = ngx_sprintf(p, "%i",
-                                           e->zone->kind
-                                           == NGX_HTTP_OMNI_LIMIT_REQUESTS
-                                           ? 1
-                                           : (kinds == 3 ? 0 : cost))
+                                           kinds != 3
+                                           ? cost
+                                           : (e->zone->kind
+                                              == NGX_HTTP_OMNI_LIMIT_REQUESTS))
                                - p;
         p += lens[4 + nk + 3 * k];
 

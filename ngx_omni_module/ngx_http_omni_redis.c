@@ -44,10 +44,13 @@
  *
  * Outages are logged once per cause: the first failure (at error, with
  * what failed and Redis's own words for a refused handshake), not the
- * reconnects and failed calls after it that fail the same way (debug),
- * but one that fails another way (the connection is back, AUTH is now
- * refused); the return at notice, with how long it lasted and how many
- * calls failed meanwhile.
+ * reconnects and failed calls after it that fail for the same cause
+ * (debug), but one that fails for another (the connection is back, AUTH
+ * is now refused); the return at notice, with how long it lasted and how
+ * many calls failed meanwhile. The causes: Redis gone (a connection
+ * refused or lost: the reconnects refused after a loss are the same
+ * outage), Redis slow (a timeout, a stall), and each error Redis answers,
+ * by its words (NOAUTH, then WRONGPASS, are two).
  */
 
 
@@ -67,6 +70,14 @@
 #define NGX_HTTP_OMNI_REDIS_BACKOFF_MIN  50
 #define NGX_HTTP_OMNI_REDIS_BACKOFF_MAX  1000
 #define NGX_HTTP_OMNI_REDIS_STALL        10000
+
+
+/* Why an outage is logged (ngx_http_omni_redis_fail()). */
+typedef enum {
+    NGX_HTTP_OMNI_REDIS_GONE = 0,   /* refused, lost, not connectable */
+    NGX_HTTP_OMNI_REDIS_SLOW,       /* no answer in time */
+    NGX_HTTP_OMNI_REDIS_REFUSED     /* an error reply, by its words */
+} ngx_http_omni_redis_cause_e;
 
 
 typedef enum {
@@ -112,9 +123,11 @@ struct ngx_http_omni_redis_s {
     ngx_uint_t                      late;       /* late slots */
     ngx_http_omni_redis_slot_t     *slots;
     ngx_http_omni_redis_slot_t     *free;
-    ngx_uint_t                      outage;     /* logged, not over */
-    uint32_t                        outage_crc; /* of the words logged
-                                                   last */
+    ngx_uint_t                      outage;     /* the causes logged
+                                                   (1 << cause), not over;
+                                                   0: none */
+    uint32_t                        outage_crc; /* of the refusal's words
+                                                   logged last */
     ngx_msec_t                      outage_start;
     ngx_uint_t                      outage_failed;
     ngx_uint_t                      up;         /* counted in the
@@ -129,7 +142,7 @@ static void ngx_http_omni_redis_handshake_reply(redisAsyncContext *ac,
     void *r, void *privdata);
 static void ngx_http_omni_redis_drop(ngx_http_omni_redis_t *redis);
 static void ngx_http_omni_redis_fail(ngx_http_omni_redis_t *redis,
-    const char *fmt, ...);
+    ngx_http_omni_redis_cause_e cause, const char *fmt, ...);
 static void ngx_http_omni_redis_back(ngx_http_omni_redis_t *redis);
 static void ngx_http_omni_redis_set_up(ngx_http_omni_redis_t *redis,
     ngx_uint_t up);
@@ -565,19 +578,22 @@ ngx_http_omni_redis_connect(ngx_http_omni_redis_t *redis)
     }
 
     if (ac == NULL) {
-        ngx_http_omni_redis_fail(redis, "out of memory for a connection");
+        ngx_http_omni_redis_fail(redis, NGX_HTTP_OMNI_REDIS_GONE,
+                                 "out of memory for a connection");
         goto again;
     }
 
     if (ac->err) {
-        ngx_http_omni_redis_fail(redis, "connect() failed: %s", ac->errstr);
+        ngx_http_omni_redis_fail(redis, NGX_HTTP_OMNI_REDIS_GONE,
+                                 "connect() failed: %s", ac->errstr);
         redisAsyncFree(ac);
         goto again;
     }
 
     c = ngx_get_connection(ac->c.fd, redis->log);
     if (c == NULL) {
-        ngx_http_omni_redis_fail(redis, "no free connection for it");
+        ngx_http_omni_redis_fail(redis, NGX_HTTP_OMNI_REDIS_GONE,
+                                 "no free connection for it");
         redisAsyncFree(ac);
         goto again;
     }
@@ -606,7 +622,8 @@ ngx_http_omni_redis_connect(ngx_http_omni_redis_t *redis)
     ngx_add_timer(&redis->connect_timer, rcf->connect_timeout);
 
     if (ngx_http_omni_redis_handshake(redis) != NGX_OK) {
-        ngx_http_omni_redis_fail(redis, "the handshake could not be sent");
+        ngx_http_omni_redis_fail(redis, NGX_HTTP_OMNI_REDIS_GONE,
+                                 "the handshake could not be sent");
         ngx_http_omni_redis_drop(redis);
     }
 
@@ -713,7 +730,8 @@ ngx_http_omni_redis_handshake_reply(redisAsyncContext *ac, void *r,
     }
 
     if (reply->type == REDIS_REPLY_ERROR) {
-        ngx_http_omni_redis_fail(redis, "%s was refused: %*s",
+        ngx_http_omni_redis_fail(redis, NGX_HTTP_OMNI_REDIS_REFUSED,
+                                 "%s was refused: %*s",
                                  (char *) privdata, (int) reply->len,
                                  reply->str);
         ngx_http_omni_redis_drop(redis);
@@ -757,7 +775,8 @@ ngx_http_omni_redis_drop(ngx_http_omni_redis_t *redis)
 
 
 static void
-ngx_http_omni_redis_fail(ngx_http_omni_redis_t *redis, const char *fmt, ...)
+ngx_http_omni_redis_fail(ngx_http_omni_redis_t *redis,
+    ngx_http_omni_redis_cause_e cause, const char *fmt, ...)
 {
     u_char    *p, buf[NGX_MAX_ERROR_STR];
     va_list    args;
@@ -767,25 +786,30 @@ ngx_http_omni_redis_fail(ngx_http_omni_redis_t *redis, const char *fmt, ...)
     p = ngx_vslprintf(buf, buf + sizeof(buf), fmt, args);
     va_end(args);
 
-    /* the same words again (each reconnect refused, each call timed
-     * out) say nothing new: logged at debug; other words (the connection
-     * came back but AUTH is refused now) are logged */
+    /* the same cause again (each reconnect refused, each call timed
+     * out, the same refusal) says nothing new: logged at debug; another
+     * (the connection came back but AUTH is refused now) is logged */
 
     crc = ngx_crc32_short(buf, p - buf);
 
-    if (redis->outage && crc == redis->outage_crc) {
+    if ((redis->outage & (1 << cause))
+        && (cause != NGX_HTTP_OMNI_REDIS_REFUSED || crc == redis->outage_crc))
+    {
         ngx_log_debug3(NGX_LOG_DEBUG_HTTP, redis->log, 0,
                        "omni redis: %V: %*s (outage goes on)",
                        &redis->conf->name, p - buf, buf);
         return;
     }
 
-    redis->outage_crc = crc;
-
-    if (!redis->outage) {
-        redis->outage = 1;
+    if (redis->outage == 0) {
         redis->outage_start = ngx_current_msec;
         redis->outage_failed = 0;
+    }
+
+    redis->outage |= 1 << cause;
+
+    if (cause == NGX_HTTP_OMNI_REDIS_REFUSED) {
+        redis->outage_crc = crc;
     }
 
     ngx_log_error(NGX_LOG_ERR, redis->log, 0,
@@ -836,7 +860,8 @@ ngx_http_omni_redis_on_connect(const redisAsyncContext *ac, int status)
 
     if (status != REDIS_OK) {
         /* hiredis frees the context next: the cleanup reconnects */
-        ngx_http_omni_redis_fail(redis, "connect() failed: %s", ac->errstr);
+        ngx_http_omni_redis_fail(redis, NGX_HTTP_OMNI_REDIS_GONE,
+                                 "connect() failed: %s", ac->errstr);
         redis->state = NGX_HTTP_OMNI_REDIS_STATE_DOWN;
     }
 }
@@ -848,7 +873,8 @@ ngx_http_omni_redis_on_disconnect(const redisAsyncContext *ac, int status)
     ngx_http_omni_redis_t  *redis = ac->data;
 
     if (status != REDIS_OK && !redis->exiting) {
-        ngx_http_omni_redis_fail(redis, "the connection was lost: %s",
+        ngx_http_omni_redis_fail(redis, NGX_HTTP_OMNI_REDIS_GONE,
+                                 "the connection was lost: %s",
                                  ac->errstr);
     }
 }
@@ -1028,7 +1054,8 @@ ngx_http_omni_redis_connect_timeout(ngx_event_t *ev)
 {
     ngx_http_omni_redis_t  *redis = ev->data;
 
-    ngx_http_omni_redis_fail(redis, "no answer to the connection's first "
+    ngx_http_omni_redis_fail(redis, NGX_HTTP_OMNI_REDIS_SLOW,
+                             "no answer to the connection's first "
                              "commands within %M ms (connect_timeout)",
                              redis->conf->connect_timeout);
     ngx_http_omni_redis_drop(redis);
@@ -1044,7 +1071,8 @@ ngx_http_omni_redis_stall_handler(ngx_event_t *ev)
         return;
     }
 
-    ngx_http_omni_redis_fail(redis, "%ui commands unanswered for %d ms, "
+    ngx_http_omni_redis_fail(redis, NGX_HTTP_OMNI_REDIS_SLOW,
+                             "%ui commands unanswered for %d ms, "
                              "connecting again", redis->late,
                              NGX_HTTP_OMNI_REDIS_STALL);
     ngx_http_omni_redis_drop(redis);
@@ -1236,12 +1264,14 @@ ngx_http_omni_redis_reply(redisAsyncContext *ac, void *r, void *privdata)
             ngx_http_omni_metric_add(redis->omcf,
                                      NGX_HTTP_OMNI_M_REDIS_REPLY_ERROR, 1);
             if (slot->script) {
-                ngx_http_omni_redis_fail(redis, "the script %V failed: %*s",
+                ngx_http_omni_redis_fail(redis, NGX_HTTP_OMNI_REDIS_REFUSED,
+                                         "the script %V failed: %*s",
                                          &slot->script->name,
                                          (int) reply->len, reply->str);
 
             } else {
-                ngx_http_omni_redis_fail(redis, "a command failed: %*s",
+                ngx_http_omni_redis_fail(redis, NGX_HTTP_OMNI_REDIS_REFUSED,
+                                         "a command failed: %*s",
                                          (int) reply->len, reply->str);
             }
 
@@ -1384,7 +1414,8 @@ ngx_http_omni_redis_slot_timeout(ngx_event_t *ev)
         ngx_add_timer(&redis->stall, NGX_HTTP_OMNI_REDIS_STALL);
     }
 
-    ngx_http_omni_redis_fail(redis, "no answer within %M ms (timeout)",
+    ngx_http_omni_redis_fail(redis, NGX_HTTP_OMNI_REDIS_SLOW,
+                             "no answer within %M ms (timeout)",
                              redis->conf->timeout);
 
     call = slot->call;

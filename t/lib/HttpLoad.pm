@@ -10,12 +10,15 @@
 #         json (decoded or undef), elapsed (seconds), error (why none) }
 #
 #   my $load = http_load_start(requests => [req, ...], concurrency => 16,
-#                              timeout => 10);
+#                              timeout => 10, abort_every => 0);
 #       a child process keeping `concurrency` requests in flight, taking
 #       them from the list in turn, until http_load_stop($load), which
 #       waits for those in flight and returns
 #       { n, status => { code => count }, slowest (seconds), over
 #         => [answers that took longer than timeout or got none] }.
+#       With abort_every => N, every Nth request is a client that leaves:
+#       its connection is closed 0 to 50 ms after the request was sent
+#       (counted as status "aborted", unless its answer came first).
 package t::lib::HttpLoad;
 
 use strict;
@@ -98,6 +101,16 @@ sub open_conn {
 sub step {
     my ($conns, $wait, $done) = @_;
     my (@r, @w);
+    # the clients that leave
+    for my $fd (keys %$conns) {
+        my $c = $conns->{$fd};
+        next unless $c->{abort_at} && !length $c->{out}
+                    && time >= $c->{start} + $c->{abort_at};
+        delete $conns->{$fd};
+        close $c->{sock};
+        $done->($c, { status => 'aborted', headers => {}, body => '',
+                      elapsed => time - $c->{start} });
+    }
     for my $c (values %$conns) {
         push @r, $c->{sock};
         push @w, $c->{sock} if length $c->{out};
@@ -177,6 +190,8 @@ sub http_load_start {
         my $fill = sub {
             while (!$stop && keys(%conns) < $conc) {
                 my $c = open_conn($reqs->[$next++ % @$reqs]);
+                $c->{abort_at} = 0.001 + rand(0.05)
+                    if $c && $o{abort_every} && $next % $o{abort_every} == 0;
                 if (!$c) {
                     $status{0}++;
                     $n++;
@@ -195,6 +210,7 @@ sub http_load_start {
             my ($c, $a) = @_;
             $n++;
             $status{ $a->{status} }++;
+            return if $a->{status} eq 'aborted';
             $slowest = $a->{elapsed} if $a->{elapsed} > $slowest;
             if ((!$a->{status} || $a->{elapsed} > $timeout) && @over < 20) {
                 push @over, { status => $a->{status},

@@ -13,6 +13,7 @@
 #                               dies when Redis cannot be reached
 #   $r->try_cmd(...)            the same, undef when it cannot be reached
 #   $r->ping                    true when it answers PONG
+#   $r->responsive(0.1)         it answers (anything) within 0.1 s
 #   $r->kill('KILL')            a signal, then reaps it (SIGKILL by default)
 #   $r->shutdown                SHUTDOWN NOSAVE, then reaps it
 #   $r->restart                 a new redis-server on the same port and
@@ -253,6 +254,18 @@ sub ping {
     send_cmd($c, 'PING');
     my $r = eval { read_reply($c, 2) };
     return defined $r && !ref $r && $r eq 'PONG';
+}
+
+# Whether it answers PING within $timeout seconds (a DEBUG SLEEP: not).
+sub responsive {
+    my ($self, $timeout) = @_;
+    my $c = IO::Socket::INET->new(PeerAddr => '127.0.0.1',
+                                  PeerPort => $self->{port},
+                                  Timeout => 1) or return 0;
+    send_cmd($c, 'PING');
+    my $r = eval { read_reply($c, $timeout) };
+    close $c;
+    return defined $r;
 }
 
 sub keys {
