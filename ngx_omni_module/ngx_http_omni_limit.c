@@ -338,6 +338,10 @@ ngx_http_omni_limit_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         }
 
         if (ngx_strncmp(value[i].data, "key=", 4) == 0) {
+            if (value[i].len == 4) {
+                goto invalid;
+            }
+
             zone->key = ngx_palloc(cf->pool,
                                    sizeof(ngx_http_complex_value_t));
             if (zone->key == NULL) {

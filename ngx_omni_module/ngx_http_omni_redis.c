@@ -234,18 +234,30 @@ ngx_http_omni_redis_directive(ngx_conf_t *cf, ngx_command_t *cmd,
         }
 
         if (ngx_strncmp(value[i].data, "user=", 5) == 0) {
+            if (value[i].len == 5) {
+                goto invalid;
+            }
+
             rcf->user.data = value[i].data + 5;
             rcf->user.len = value[i].len - 5;
             continue;
         }
 
         if (ngx_strncmp(value[i].data, "password=", 9) == 0) {
+            if (value[i].len == 9) {
+                goto invalid;
+            }
+
             rcf->password.data = value[i].data + 9;
             rcf->password.len = value[i].len - 9;
             continue;
         }
 
         if (ngx_strncmp(value[i].data, "namespace=", 10) == 0) {
+            if (value[i].len == 10) {
+                goto invalid;
+            }
+
             rcf->ns.data = value[i].data + 10;
             rcf->ns.len = value[i].len - 10;
             continue;
@@ -1371,7 +1383,8 @@ ngx_http_omni_redis_free_slot(ngx_http_omni_redis_slot_t *slot)
 
 
 /* The call's request ends before the answer: the slot waits on for it
- * alone, and the request's arguments are not sent again. */
+ * alone, its timer running (a slot that times out still says Redis is
+ * behind), and the request's arguments are not sent again. */
 
 static void
 ngx_http_omni_redis_detach(void *data)
@@ -1390,10 +1403,6 @@ ngx_http_omni_redis_detach(void *data)
 
     slot->call = NULL;
     slot->argc = 0;
-
-    if (slot->timer.timer_set) {
-        ngx_del_timer(&slot->timer);
-    }
 }
 
 

@@ -720,9 +720,13 @@ ngx_http_omni_route_choose(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
         running = 0;
         waiting = 0;
 
+        /* an engine whose load has not been written for its 5 s is gone
+         * (its prefixes outlive it until their TTL); one that queues
+         * max_waiting requests would make this one wait */
+
         if (ngx_http_omni_route_load(reply->element[i], &running, &waiting)
-            == NGX_OK
-            && waiting >= oscf->max_waiting)
+            != NGX_OK
+            || waiting >= oscf->max_waiting)
         {
             ctx->route_busy = 1;
             continue;
