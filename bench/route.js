@@ -2,11 +2,13 @@
 // bench/route (prefix-aware routing against round robin).
 //
 //   node bench/route.js --url URL --conversations 32 --turns 8 --tenants 4
-//        --system-words 300 --user-words 60 --max-tokens 32 --stagger-ms 0
-//        --salt S --json OUT
+//        --system-words 200 --first-words 600 --user-words 15
+//        --max-tokens 32 --stagger-ms 0 --salt S --json OUT
 //
 // Every conversation belongs to a tenant (conversation % tenants) whose
-// long system prompt all its conversations share; each sends its turns
+// long system prompt all its conversations share, and opens with a long
+// message of its own (a document to talk about: first-words), then short
+// ones (user-words); each sends its turns
 // one after another (streamed, greedy, ignore_eos), appending the
 // assistant's answer and a new user message each time, while all the
 // conversations run at once, conversation c starting c * stagger-ms
@@ -22,8 +24,9 @@
 const fs = require('fs');
 
 function args() {
-    const a = { conversations: 32, turns: 8, tenants: 4, 'system-words': 300,
-                'user-words': 60, 'max-tokens': 32, 'stagger-ms': 0,
+    const a = { conversations: 32, turns: 8, tenants: 4, 'system-words': 200,
+                'first-words': 600, 'user-words': 15, 'max-tokens': 32,
+                'stagger-ms': 0,
                 salt: 'bench', model: null, json: null, url: null };
     const v = process.argv.slice(2);
     for (let i = 0; i < v.length; i += 2) {
@@ -113,7 +116,9 @@ async function conversation(o, c, out) {
     const r = rng(5000 + c);
     const messages = [{ role: 'system', content: sys }];
     for (let t = 0; t < o.turns; t++) {
-        messages.push({ role: 'user', content: words(r, o['user-words']) });
+        messages.push({ role: 'user',
+                        content: words(r, t === 0 ? o['first-words']
+                                                  : o['user-words']) });
         const rec = await turn(o, messages, `${o.salt}-tenant-${tenant}`);
         rec.conversation = c;
         rec.tenant = tenant;
