@@ -334,7 +334,8 @@ TEST_PKGS  := libsndfile1-dev libmpg123-dev libopusfile-dev libfaad-dev \
               nginx nginx-dev nodejs $(if $(shell command -v npm),,npm) \
               pocketsphinx-testdata lame flac opus-tools redis-server
 BENCH_PKGS := cmake g++ git ca-certificates $(if $(shell command -v npm),,npm) \
-              pocketsphinx pocketsphinx-en-us libpocketsphinx-dev
+              pocketsphinx pocketsphinx-en-us libpocketsphinx-dev nodejs \
+              redis-server
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
@@ -457,6 +458,7 @@ bench: all $(BUILD)/bench/bench_kernels $(BUILD)/bench/loadgen \
 	bench/nginx
 	bench/speech
 	bench/listen
+	bench/route
 
 clean:
 	rm -rf $(BUILD)
