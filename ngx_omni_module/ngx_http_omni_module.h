@@ -53,6 +53,14 @@
  *                             Retry-After
  *   ngx_http_omni_metrics.c   counters in shared memory (all workers),
  *                             omni_metrics and omni_health responses
+ *   ngx_http_omni_redis.c     omni_redis: one Redis connection per
+ *                             worker on nginx's event loop (hiredis's
+ *                             async API), calls with timeouts, scripts
+ *                             (ngx_http_omni_redis.h)
+ *   ngx_http_omni_limit.c     omni_limit_zone, omni_limit: rate limits
+ *                             in Redis, OpenAI's headers and 429s
+ *   ngx_http_omni_route.c     omni_prefix_route: chats sent to the engine
+ *                             holding their conversation's prefix
  *   ngx_omni_engine_*.c       CORE module: omni_engine, the sidecar that
  *                             nginx's master starts and keeps alive
  *                             (ngx_omni_engine_module.h)
