@@ -589,7 +589,7 @@ static const Bad BAD_TYPES[] = {
     { "\"ignore_eos\": 1", "ignore_eos", "expected a boolean, got a number" },
     { "\"ignore_eos\": \"true\"", "ignore_eos", "got a string" },
     { "\"cache_salt\": 7", "cache_salt", "expected a string, got a number" },
-    { "\"cache_salt\": \"\"", "cache_salt", "must be 1 to 256 bytes, got 0" },
+    { "\"cache_salt\": \"\"", "cache_salt", "must be 1 to 320 bytes, got 0" },
 };
 
 static void test_type_errors(void **state) {
@@ -640,7 +640,7 @@ static void test_range_errors(void **state) {
     rejects_field(huge, "top_k", "got 1000000000000000000000000000000000000000...");
     free(huge);
     huge = repeat("\"cache_salt\": \"", "x", REQ_MAX_SALT + 1, "\"");
-    rejects_field(huge, "cache_salt", "must be 1 to 256 bytes, got 257");
+    rejects_field(huge, "cache_salt", "must be 1 to 320 bytes, got 321");
     free(huge);
     /* stop strings: 255 bytes is the longest */
     memset(fields, 0, sizeof(fields));
