@@ -20,6 +20,7 @@ use strict;
 use warnings;
 use lib '.';
 use t::lib::OmniServer;
+use t::lib::Proc qw(wait_for);
 use t::lib::Redis;
 use t::lib::HttpLoad;
 use JSON::PP;
@@ -60,24 +61,7 @@ SERVER
 my $log_file = "$s->{prefix}/logs/error.log";
 my $model = main::models($engine)->{data}[0]{id};
 
-sub nginx_metrics {
-    my (undef, undef, $body) = http_get($s, '/metrics');
-    my %m;
-    $m{$1} = $2 while ($body // '') =~ /^([a-z_]+(?:\{[^}]*\})?) (\S+)$/mg;
-    return \%m;
-}
-
-sub wait_for {
-    my ($secs, $cond) = @_;
-    my $until = time + $secs;
-    my $v;
-    until (($v = $cond->()) || time > $until) {
-        sleep 0.02;
-    }
-    return $v;
-}
-
-sub up { return (nginx_metrics()->{omni_nginx_redis_up} // -1) == $WORKERS }
+sub up { return (nginx_metrics($s)->{omni_nginx_redis_up} // -1) == $WORKERS }
 
 sub fds {
     my ($pid) = @_;
@@ -86,7 +70,7 @@ sub fds {
 }
 
 sub settled {
-    my $m = nginx_metrics();
+    my $m = nginx_metrics($s);
     return ($m->{omni_nginx_redis_pending} // -1) == 0
            && ($m->{omni_nginx_redis_up} // -1) == $WORKERS;
 }
@@ -152,8 +136,8 @@ ok(!grep({ !/^(?:200|429|503|aborted)$/ } keys %st),
 ok(($st{200} // 0) > 500, 'most of them 200s');
 
 ok(wait_for(10, \&settled), 'pending back to 0, both workers connected')
-    or diag(explain(nginx_metrics()));
-my $m = nginx_metrics();
+    or diag(explain(nginx_metrics($s)));
+my $m = nginx_metrics($s);
 is($m->{omni_nginx_redis_pending}, 0, 'omni_nginx_redis_pending 0');
 is($m->{omni_nginx_redis_up}, $WORKERS, "omni_nginx_redis_up $WORKERS");
 ok($m->{omni_nginx_redis_connects_total} >= $KILLS,

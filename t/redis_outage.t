@@ -29,6 +29,7 @@ use strict;
 use warnings;
 use lib '.';
 use t::lib::OmniServer;
+use t::lib::Proc qw(wait_for);
 use t::lib::FakeEngine;
 use t::lib::Redis;
 use t::lib::HttpLoad;
@@ -82,24 +83,7 @@ sub chat {
                  messages => [{ role => 'user', content => 'hi' }] }) };
 }
 
-sub nginx_metrics {
-    my (undef, undef, $body) = http_get($s, '/metrics');
-    my %m;
-    $m{$1} = $2 while ($body // '') =~ /^([a-z_]+(?:\{[^}]*\})?) (\S+)$/mg;
-    return \%m;
-}
-
-sub wait_for {
-    my ($secs, $cond) = @_;
-    my $until = time + $secs;
-    my $v;
-    until (($v = $cond->()) || time > $until) {
-        sleep 0.05;
-    }
-    return $v;
-}
-
-sub redis_up { return (nginx_metrics()->{omni_nginx_redis_up} // -1) == $_[0] }
+sub redis_up { return (nginx_metrics($s)->{omni_nginx_redis_up} // -1) == $_[0] }
 
 # An answer by the policy: open 200 bare, closed 503 rate_limit_unavailable
 # with Retry-After; undef when it is one, else what is wrong.
@@ -177,7 +161,7 @@ my @wrong = grep { defined } map { my $w = $_ % 2 ? 'open' : 'closed';
     my $e = policy_wrong($w, $a[$_ - 1]); $e && "$w: $e" } 1 .. 20;
 is_deeply(\@wrong, [], '20 requests at once while it is down: the policy, '
                        . 'at once') or diag(join "\n", @wrong);
-my $m = nginx_metrics();
+my $m = nginx_metrics($s);
 ok($m->{'omni_nginx_limit_fail_total{policy="open"}'} >= 10
    && $m->{'omni_nginx_limit_fail_total{policy="closed"}'} >= 10,
    'omni_nginx_limit_fail_total counts them');
@@ -209,7 +193,7 @@ is(scalar @back, $WORKERS, 'its end logged by each worker, at notice')
 
 # --- slow: DEBUG SLEEP past timeout= -------------------------------------
 
-$m = nginx_metrics();
+$m = nginx_metrics($s);
 my %before = map { $_ => $m->{"omni_nginx_redis_errors_total{kind=\"$_\"}"} }
              qw(timeout busy);
 $from = log_size();
@@ -226,7 +210,7 @@ while (time - $t0 < 3) {
 is_deeply(\@wrong, [], scalar(@slow) . ' requests while Redis sleeps: the '
                        . 'policy, none waits') or diag(join "\n", @wrong);
 is($redis->sleep_wait(10), 'OK', 'the sleep ended');
-$m = nginx_metrics();
+$m = nginx_metrics($s);
 my $timeouts = $m->{'omni_nginx_redis_errors_total{kind="timeout"}'}
                - $before{timeout};
 my $busy = $m->{'omni_nginx_redis_errors_total{kind="busy"}'}
@@ -253,7 +237,7 @@ for my $pid (sort keys %$errs) {
 # waits on Redis too, connect_timeout drops it, and so on until Redis
 # wakes); a client that leaves while its request waits on Redis; the
 # policy throughout; then one connection per worker, nothing pending.
-$m = nginx_metrics();
+$m = nginx_metrics($s);
 my $connects = $m->{omni_nginx_redis_connects_total};
 $from = log_size();
 $redis->sleep_bg(13);
@@ -278,7 +262,7 @@ is_deeply(\@wrong, [], scalar(@slow) . ' requests in 11 s of sleep: the '
                        . 'policy, none waits') or diag(join "\n", @wrong);
 is($redis->sleep_wait(10), 'OK', 'the sleep ended');
 ok(wait_for(10, sub { redis_up($WORKERS) }), 'both workers connected');
-ok(wait_for(10, sub { nginx_metrics()->{omni_nginx_redis_pending} == 0 }),
+ok(wait_for(10, sub { nginx_metrics($s)->{omni_nginx_redis_pending} == 0 }),
    'nothing pending');
 ok(wait_limits($_), "limits counted again after the stall ($_)")
     for qw(open closed);
@@ -297,7 +281,7 @@ for my $pid (sort keys %$errs) {
 }
 # a worker whose first call came late enough in the sleep is answered
 # before its 10 s are up; the first call's is not
-my $again = nginx_metrics()->{omni_nginx_redis_connects_total} - $connects;
+my $again = nginx_metrics($s)->{omni_nginx_redis_connects_total} - $connects;
 ok($again >= 1 && $again <= scalar keys %$errs,
    "a worker that waited on Redis 10 s connected again ($again)");
 

@@ -27,98 +27,29 @@ use IO::Socket::INET;
 use JSON::PP;
 use POSIX qw(WNOHANG);
 use Time::HiRes qw(time sleep);
+use lib '.';
+use t::lib::Redis;
+use t::lib::Proc qw(wait_for);
 require './t/engine/proto.pl';
 our ($ENGINE, $MODEL, $TMP);
 
-sub in_path {
-    my ($cmd) = @_;
-    my ($dir) = grep { -x "$_/$cmd" } split /:/, $ENV{PATH} // '';
-    return $dir ? "$dir/$cmd" : undef;
-}
-
-my $REDIS_SERVER = in_path('redis-server');
-my $REDIS_CLI = in_path('redis-cli');
-plan skip_all => 'redis-server and redis-cli are needed (make test-deps '
-                 . 'installs redis-server)'
-    unless $REDIS_SERVER && $REDIS_CLI;
-
 my $PASS = 'omni-test-secret';
-my $RSOCK = "$TMP/redis.sock";
-my $RPORT = free_port();
 my $BS = 16;
 my $TTL = 40;
 my $SYSTEM = 'You are a storyteller for small children. Your stories are '
     . 'short and kind, they have a cat, a dog and a little girl named Lily '
     . 'in them, and they always end well. Use simple words and short '
     . 'sentences, and never say anything scary or sad.';
-my $redis_pid;
+my $redis = t::lib::Redis->start(unix => 1, password => $PASS);
+my ($RSOCK, $RPORT) = ($redis->{socket}, $redis->{port});
 
-END {
-    local $?;
-    stop_redis();
-}
-
-sub free_port {
-    my $s = IO::Socket::INET->new(Listen => 1, LocalAddr => '127.0.0.1',
-                                  LocalPort => 0) or die "port: $!";
-    my $p = $s->sockport;
-    close $s;
-    return $p;
-}
-
-sub start_redis {
-    $redis_pid = fork() // die "fork: $!";
-    if ($redis_pid == 0) {
-        open(STDOUT, '>>', "$TMP/redis.log");
-        open(STDERR, '>&', \*STDOUT);
-        exec($REDIS_SERVER, '--port', $RPORT, '--bind', '127.0.0.1',
-             '--unixsocket', $RSOCK, '--save', '', '--appendonly', 'no',
-             '--requirepass', $PASS, '--dir', $TMP) or POSIX::_exit(127);
-    }
-    my $until = time + 10;
-    while (time < $until) {
-        return 1 if (rcli('PING') // '') eq 'PONG';
-        sleep 0.05;
-    }
-    die "redis-server did not start:\n" . slurp("$TMP/redis.log");
-}
-
-sub stop_redis {
-    return unless $redis_pid;
-    kill 'KILL', $redis_pid;
-    waitpid($redis_pid, 0);
-    $redis_pid = undef;
-    unlink $RSOCK;
-}
-
-# One redis-cli command; its output without the last newline.
-sub rcli {
-    my @args = map { my $a = $_; $a =~ s/'/'\\''/g; "'$a'" } @_;
-    my $out = `'$REDIS_CLI' -s '$RSOCK' -a '$PASS' --no-auth-warning --raw @args 2>/dev/null`;
-    return undef if $? != 0;
-    chomp $out;
-    return $out;
-}
+# One command's answer (a string, a number, undef).
+sub rcli { return $redis->cmd(@_) }
 
 # { key => value } of the keys matching the glob.
 sub rkeys {
     my ($glob) = @_;
-    my $out = `'$REDIS_CLI' -s '$RSOCK' -a '$PASS' --no-auth-warning --raw --scan --pattern '$glob' 2>/dev/null`;
-    my %kv;
-    for my $k (split /\n/, $out) {
-        $kv{$k} = rcli('GET', $k);
-    }
-    return \%kv;
-}
-
-sub wait_until {
-    my ($timeout, $cond) = @_;
-    my $until = time + $timeout;
-    while (time < $until) {
-        return 1 if $cond->();
-        sleep 0.05;
-    }
-    return $cond->();
+    return { map { ($_ => $redis->cmd('GET', $_)) } $redis->keys($glob) };
 }
 
 # The keys `prefix-keys` prints: [[i, hex, tokens], ...].
@@ -210,7 +141,6 @@ sub chat {
     }
 }
 
-start_redis();
 my $pwfile = "$TMP/redis.pass";
 open(my $pw, '>', $pwfile) or die;
 print $pw "$PASS\n";
@@ -232,7 +162,7 @@ my ($want1, $want2);
     ok($r->{done}, 'turn 1 answered') or diag explain $r;
     $want1 = published(chat(messages => \@turn1));
     is(scalar(keys %$want1), 2, 'turn 1: two keys to publish');
-    ok(wait_until(5, sub { has_keys($ROUTE, $want1) }),
+    ok(wait_for(5, sub { has_keys($ROUTE, $want1) }),
        'turn 1: its keys are in Redis with their tokens')
         or diag explain [rkeys(px($ROUTE) . '*'), $want1];
     my $all = rkeys(px($ROUTE) . '*');
@@ -251,7 +181,7 @@ my ($want1, $want2);
     is(scalar(keys %$want2), 4, 'turn 2: four keys to publish');
     ok(!grep({ !exists $want2->{$_} } keys %$want1),
        "turn 2's keys include turn 1's");
-    ok(wait_until(5, sub { has_keys($ROUTE, $want2) }),
+    ok(wait_for(5, sub { has_keys($ROUTE, $want2) }),
        'turn 2: its keys are in Redis with their tokens')
         or diag explain [rkeys(px($ROUTE) . '*'), $want2];
 
@@ -262,7 +192,7 @@ my ($want1, $want2);
     my $want_s = published($salted);
     ok(!grep({ exists $want1->{$_} } keys %$want_s),
        'another salt, other keys');
-    ok(wait_until(5, sub { has_keys($ROUTE, $want_s) }),
+    ok(wait_for(5, sub { has_keys($ROUTE, $want_s) }),
        "the salted request's keys are in Redis");
 }
 
@@ -296,7 +226,7 @@ my ($want1, $want2);
     } 1 .. 6;
     my @r = map { request($srv, $_) } @flood;
     is(scalar(grep { $_->{done} } @r), 6, 'flood answered');
-    ok(wait_until(5, sub {
+    ok(wait_for(5, sub {
         !grep { length(rcli('GET', px($ROUTE) . $_) // '') } keys %$want2 }),
        "the conversation's keys are gone after the flood")
         or diag explain [rkeys(px($ROUTE) . '*'), $want2];
@@ -309,16 +239,16 @@ my ($want1, $want2);
 # --- a killed thinker leaves no key ----------------------------------------
 {
     my $r = request($srv, chat(messages => \@turn1));
-    ok(wait_until(5, sub { has_keys($ROUTE, $want1) }), 'keys before the kill');
+    ok(wait_for(5, sub { has_keys($ROUTE, $want1) }), 'keys before the kill');
     my $pid = stage_pid($srv);
     kill 'KILL', $pid;
-    ok(wait_until(30, sub { my $p = stage_pid($srv);
+    ok(wait_for(30, sub { my $p = stage_pid($srv);
                             $p && $p != $pid && (health($srv))[0] == 200 }),
        'the thinker is back');
-    ok(wait_until(5, sub { !%{ rkeys(px($ROUTE) . '*') } }),
+    ok(wait_for(5, sub { !%{ rkeys(px($ROUTE) . '*') } }),
        "its successor deleted the old incarnation's keys");
     $r = request($srv, chat(messages => \@turn1));
-    ok(wait_until(5, sub { has_keys($ROUTE, $want1) }),
+    ok(wait_for(5, sub { has_keys($ROUTE, $want1) }),
        'the next request publishes again');
 }
 
@@ -352,13 +282,13 @@ my ($want1, $want2);
 # --- Redis killed and started again: the keys come back --------------------
 {
     ok(has_keys($ROUTE, $want1), 'keys before Redis goes');
-    stop_redis();
+    $redis->kill('KILL');
     my $r = request($srv, chat(messages => \@turn1));
     ok($r->{done}, 'Redis down: requests are answered');
-    ok(wait_until(5, sub { slurp($srv->{log}) =~ /\[warn\] thinker: redis/ }),
+    ok(wait_for(5, sub { slurp($srv->{log}) =~ /\[warn\] thinker: redis/ }),
        'Redis down: logged');
-    start_redis();
-    ok(wait_until(10, sub { has_keys($ROUTE, $want1) }),
+    $redis->restart;
+    ok(wait_for(10, sub { has_keys($ROUTE, $want1) }),
        'Redis back: the keys are published again');
     ok(length(rcli('GET', "omni:load:$ROUTE") // ''),
        'Redis back: the load too');

@@ -27,25 +27,18 @@ use File::Path qw(make_path remove_tree);
 use IO::Socket::INET;
 use POSIX qw(WNOHANG);
 use Time::HiRes qw(time sleep);
+use t::lib::Proc qw(free_port);
 
 # proto.pl's helpers go into main, as for the engine tests
 { package main; require './t/engine/proto.pl'; }
 
 our @EXPORT = qw(omni_server_start omni_server_stop omni_server_reload
-                 free_port nginx_worker_pids rss_kb http_get);
+                 free_port nginx_worker_pids rss_kb http_get nginx_metrics);
 
 our $NGINX = $ENV{TEST_NGINX_BINARY} // '/usr/sbin/nginx';
 our $MODULE = getcwd() . '/build/ngx_omni_module.so';
 my @servers;
 my $pid0 = $$;
-
-sub free_port {
-    my $s = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0,
-                                  Listen => 1) or die "no free port: $!\n";
-    my $p = $s->sockport;
-    close $s;
-    return $p;
-}
 
 # The config: one server on 127.0.0.1:port; /v1/ goes to the engine,
 # /health and /metrics are the module's handlers.
@@ -208,6 +201,15 @@ sub rss_kb {
     my ($pid) = @_;
     my ($kb) = main::slurp("/proc/$pid/status") =~ /^VmRSS:\s+(\d+)/m;
     return $kb // 0;
+}
+
+# The server's /metrics as { 'name' or 'name{labels}' => value }.
+sub nginx_metrics {
+    my ($s) = @_;
+    my (undef, undef, $body) = http_get($s, '/metrics');
+    my %m;
+    $m{$1} = $2 while ($body // '') =~ /^([a-z_]+(?:\{[^}]*\})?) (\S+)$/mg;
+    return \%m;
 }
 
 # A small blocking HTTP/1.1 GET: returns (status, headers text, body).

@@ -7,15 +7,17 @@
 #   children($pid)          its child pids (/proc)
 #   wait_for($s, $cond)     polls $cond every 20 ms for up to $s seconds;
 #                           returns its last value
+#   free_port()             a TCP port on 127.0.0.1 nothing listens on now
 package t::lib::Proc;
 
 use strict;
 use warnings;
 use Exporter 'import';
 use Fcntl qw(F_GETLK F_WRLCK F_UNLCK SEEK_SET O_RDONLY);
+use IO::Socket::INET;
 use Time::HiRes qw(time sleep);
 
-our @EXPORT_OK = qw(lock_holder alive children wait_for);
+our @EXPORT_OK = qw(lock_holder alive children wait_for free_port);
 
 sub lock_holder {
     my ($path) = @_;
@@ -47,6 +49,14 @@ sub wait_for {
         sleep 0.02;
     }
     return $v;
+}
+
+sub free_port {
+    my $s = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0,
+                                  Listen => 1) or die "no free port: $!\n";
+    my $p = $s->sockport;
+    close $s;
+    return $p;
 }
 
 1;

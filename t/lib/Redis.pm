@@ -49,6 +49,7 @@ use IO::Socket::INET;
 use IO::Socket::UNIX;
 use POSIX qw(WNOHANG);
 use Socket qw(SOCK_STREAM);
+use t::lib::Proc qw(free_port);
 use Time::HiRes qw(time sleep);
 
 our $SERVER = $ENV{REDIS_SERVER} // '/usr/bin/redis-server';
@@ -60,14 +61,6 @@ $pid0 = $$;
 # when the test is SIGKILLed (a harness timeout). The syscall's number by
 # architecture; elsewhere the END block and the signal handlers do.
 my %PRCTL = (x86_64 => 157, aarch64 => 167);
-
-sub free_port {
-    my $s = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0,
-                                  Listen => 1) or die "no free port: $!\n";
-    my $p = $s->sockport;
-    close $s;
-    return $p;
-}
 
 sub start {
     my ($class, %o) = @_;

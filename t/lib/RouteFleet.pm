@@ -55,7 +55,12 @@ use Test::More;
 use Time::HiRes qw(time sleep);
 
 use t::lib::OmniServer;
+use t::lib::Proc qw(wait_for);
 use t::lib::Redis;
+
+# wait_until(SECONDS, COND): t::lib::Proc's wait_for, under the name the
+# suites use
+*wait_until = \&wait_for;
 
 our @EXPORT = qw(fleet_start fleet_stop post get engine_form tenant_salt
                  cli_keys published px held wait_held route_metrics
@@ -68,16 +73,6 @@ my $JSON = JSON::PP->new->utf8->canonical;
 my $ids = 0;
 my (@fleets, $pid0);
 $pid0 = $$;
-
-sub wait_until {
-    my ($timeout, $cond) = @_;
-    my $until = time + $timeout;
-    while (time < $until) {
-        return 1 if $cond->();
-        sleep 0.05;
-    }
-    return $cond->() ? 1 : 0;
-}
 
 sub fleet_start {
     my (%o) = @_;
