@@ -146,11 +146,20 @@ open(my $pw, '>', $pwfile) or die;
 print $pw "$PASS\n";
 close $pw;
 
+# every engine this test starts, stopped at the end even when it dies
+# early (a stopped one is reaped already: kill 0 says so)
+my @engines;
+END {
+    local $?;
+    serve_stop($_, 10) for grep { kill 0, $_->{pid} } @engines;
+}
+
 my $srv = serve_start(args => ['--redis', "unix:$RSOCK",
                                '--redis-password-file', $pwfile,
                                '--prefix-ttl', $TTL, '--ctx', 256,
                                '--kv-cache-mb', 0.3, '--max-seqs', 4,
                                '--block-size', $BS]);
+push @engines, $srv;
 my $ROUTE = "unix:$srv->{socket}";
 
 # --- the keys of each turn -------------------------------------------------
@@ -261,6 +270,7 @@ my ($want1, $want2);
     my $b = serve_start(args => ['--redis', "127.0.0.1:$RPORT",
                                  '--redis-password-file', $bad,
                                  '--route-id', 'engine-b']);
+    push @engines, $b;
     my $r = request($b, chat(messages => \@turn1));
     ok($r->{done}, 'wrong password: the request is answered');
     sleep 2;
