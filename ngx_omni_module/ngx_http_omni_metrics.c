@@ -236,13 +236,9 @@ ngx_http_omni_shm(ngx_http_request_t *r)
 void
 ngx_http_omni_count(ngx_http_request_t *r, ngx_http_omni_counter_e c)
 {
-    ngx_http_omni_shm_t  *sh;
-
-    sh = ngx_http_omni_shm(r);
-
-    if (sh != NULL) {
-        (void) ngx_atomic_fetch_add(&sh->counters[c], 1);
-    }
+    ngx_http_omni_metric_add(ngx_http_get_module_main_conf(r,
+                                                        ngx_http_omni_module),
+                             c, 1);
 }
 
 

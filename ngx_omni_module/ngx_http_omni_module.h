@@ -443,7 +443,6 @@ struct ngx_http_omni_ctx_s {
     ngx_str_t                  *route_peers;    /* the names asked about */
     ngx_uint_t                  route_npeers;
     ngx_http_omni_redis_call_t  route_call;
-    ngx_http_omni_main_conf_t  *route_omcf;
     unsigned                    route_busy:1;   /* a holder was skipped */
     unsigned                    admitted:1;     /* the upstream started, or
                                                    the request was refused */

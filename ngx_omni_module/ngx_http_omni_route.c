@@ -57,6 +57,7 @@
 typedef struct {
     /* the round robin data must be first */
     ngx_http_upstream_rr_peer_data_t  rrp;
+    ngx_http_request_t               *request;
     ngx_http_omni_ctx_t              *ctx;
     ngx_uint_t                        tried;    /* the chosen one was */
 } ngx_http_omni_route_peer_data_t;
@@ -198,6 +199,7 @@ ngx_http_omni_route_init_peer(ngx_http_request_t *r,
 
     r->upstream->peer.get = ngx_http_omni_route_get_peer;
 
+    rp->request = r;
     rp->ctx = ngx_http_get_module_ctx(r, ngx_http_omni_module);
     rp->tried = 0;
 
@@ -227,7 +229,7 @@ ngx_http_omni_route_get_peer(ngx_peer_connection_t *pc, void *data)
          * round robin gives now does not hold the prefix */
 
         if (ctx->route == NGX_HTTP_OMNI_ROUTE_HIT) {
-            ngx_http_omni_route_result(NULL, ctx,
+            ngx_http_omni_route_result(rp->request, ctx,
                                        NGX_HTTP_OMNI_ROUTE_FALLBACK);
         }
 
@@ -252,7 +254,7 @@ ngx_http_omni_route_get_peer(ngx_peer_connection_t *pc, void *data)
         ngx_http_upstream_rr_peers_unlock(rp->rrp.peers);
 
         ctx->route_engine.len = 0;
-        ngx_http_omni_route_result(NULL, ctx, NGX_HTTP_OMNI_ROUTE_FALLBACK);
+        ngx_http_omni_route_result(rp->request, ctx, NGX_HTTP_OMNI_ROUTE_FALLBACK);
 
         return ngx_http_upstream_get_round_robin_peer(pc, &rp->rrp);
     }
@@ -824,7 +826,8 @@ static void
 ngx_http_omni_route_result(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
     ngx_http_omni_route_e result)
 {
-    ngx_http_omni_counter_e  c;
+    ngx_http_omni_counter_e     c;
+    ngx_http_omni_main_conf_t  *omcf;
 
     if (ctx->route == result) {
         return;
@@ -834,10 +837,11 @@ ngx_http_omni_route_result(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
         : (result == NGX_HTTP_OMNI_ROUTE_MISS) ? NGX_HTTP_OMNI_M_ROUTE_MISS
         : NGX_HTTP_OMNI_M_ROUTE_FALLBACK;
 
+    omcf = ngx_http_get_module_main_conf(r, ngx_http_omni_module);
+
     if (ctx->route == NGX_HTTP_OMNI_ROUTE_HIT) {
         /* a hit that could not be sent there after all: a fallback */
-        ngx_http_omni_metric_add(ctx->route_omcf, NGX_HTTP_OMNI_M_ROUTE_HIT,
-                                 -1);
+        ngx_http_omni_metric_add(omcf, NGX_HTTP_OMNI_M_ROUTE_HIT, -1);
     }
 
     ctx->route = result;
@@ -848,12 +852,7 @@ ngx_http_omni_route_result(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
         ctx->route_tokens = 0;
     }
 
-    if (r) {
-        ctx->route_omcf = ngx_http_get_module_main_conf(r,
-                                                        ngx_http_omni_module);
-    }
-
-    ngx_http_omni_metric_add(ctx->route_omcf, c, 1);
+    ngx_http_omni_metric_add(omcf, c, 1);
 }
 
 
