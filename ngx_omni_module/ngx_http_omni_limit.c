@@ -136,6 +136,8 @@ static void ngx_http_omni_limit_charged(ngx_http_omni_redis_call_t *call,
 static void ngx_http_omni_limit_refund(ngx_http_request_t *r,
     ngx_http_omni_limit_t *lim);
 static ngx_int_t ngx_http_omni_limit_log_handler(ngx_http_request_t *r);
+static ngx_uint_t ngx_http_omni_limit_of_kinds(ngx_http_omni_limit_t *lim,
+    ngx_uint_t kinds);
 static ngx_int_t ngx_http_omni_limit_send(ngx_http_request_t *r,
     ngx_http_omni_limit_t *lim, ngx_uint_t kinds, const char *mode,
     ngx_int_t cost, ngx_http_omni_redis_call_t *call);
@@ -1130,6 +1132,26 @@ ngx_http_omni_limit_log_handler(ngx_http_request_t *r)
 /* ---- the script's arguments and answers --------------------------------- */
 
 
+/* How many of the request's limits are of the kinds whose bits are set
+ * (1 << kind). */
+
+static ngx_uint_t
+ngx_http_omni_limit_of_kinds(ngx_http_omni_limit_t *lim, ngx_uint_t kinds)
+{
+    ngx_uint_t  i, n;
+
+    n = 0;
+
+    for (i = 0; i < lim->n; i++) {
+        if (kinds & (1 << lim->entries[i].zone->kind)) {
+            n++;
+        }
+    }
+
+    return n;
+}
+
+
 /*
  * One run of the script over the request's limits of the kinds whose
  * bits are set (1 << kind), in mode, each limit taking cost; in preaccess
@@ -1149,13 +1171,7 @@ ngx_http_omni_limit_send(ngx_http_request_t *r, ngx_http_omni_limit_t *lim,
     const char                  **argv;
     ngx_http_omni_limit_entry_t  *e;
 
-    nk = 0;
-
-    for (i = 0; i < lim->n; i++) {
-        if (kinds & (1 << lim->entries[i].zone->kind)) {
-            nk++;
-        }
-    }
+    nk = ngx_http_omni_limit_of_kinds(lim, kinds);
 
     if (nk == 0) {
         call->fault = NGX_HTTP_OMNI_REDIS_OK;
@@ -1232,13 +1248,7 @@ ngx_http_omni_limit_read(ngx_http_omni_limit_t *lim, ngx_uint_t kinds,
         return NGX_DECLINED;
     }
 
-    nk = 0;
-
-    for (i = 0; i < lim->n; i++) {
-        if (kinds & (1 << lim->entries[i].zone->kind)) {
-            nk++;
-        }
-    }
+    nk = ngx_http_omni_limit_of_kinds(lim, kinds);
 
     if (reply->elements != 1 + 3 * nk) {
         return NGX_DECLINED;
