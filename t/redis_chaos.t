@@ -144,10 +144,7 @@ ok($m->{omni_nginx_redis_connects_total} >= $KILLS,
    "the workers connected again and again "
    . "($m->{omni_nginx_redis_connects_total} connections)");
 
-my $clients = wait_for(10, sub {
-    my $c = $redis->clients;
-    return @$c == $WORKERS ? $c : undef;
-}) // $redis->clients;
+my $clients = $redis->wait_clients($WORKERS, 10);
 is(scalar @$clients, $WORKERS, "Redis sees $WORKERS clients")
     or diag(explain($clients));
 

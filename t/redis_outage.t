@@ -266,10 +266,7 @@ ok(wait_for(10, sub { nginx_metrics($s)->{omni_nginx_redis_pending} == 0 }),
    'nothing pending');
 ok(wait_limits($_), "limits counted again after the stall ($_)")
     for qw(open closed);
-my $clients = wait_for(10, sub {
-    my $c = $redis->clients;
-    return @$c == $WORKERS ? $c : undef;
-}) // $redis->clients;
+my $clients = $redis->wait_clients($WORKERS, 10);
 is(scalar @$clients, $WORKERS, "Redis sees $WORKERS clients")
     or diag(explain($clients));
 $errs = redis_errors($from);

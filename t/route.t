@@ -505,9 +505,7 @@ sub mgets {
         my $l = $log->{$id};
         next if $l->{prefix} eq '-';
         $count{ $l->{prefix} }++;
-        my $want = "$l->{prefix}; engine=$l->{engine}"
-                   . ($l->{prefix} eq 'hit'
-                      ? "; messages=$l->{messages}; tokens=$l->{tokens}" : '');
+        my $want = logged_route($l);
         $bad++, diag("request $id: $l->{header} vs $want")
             if $l->{header} ne $want && $l->{header} ne '-';
         $bad++, diag("request $id: $l->{prefix} with messages "

@@ -291,9 +291,7 @@ my $pnext;
         $errors++, diag("request $id: $l->{status}") if $l->{status} != 200;
         next if $l->{prefix} eq '-';
         $count{ $l->{prefix} }++;
-        my $want = "$l->{prefix}; engine=$l->{engine}"
-                   . ($l->{prefix} eq 'hit'
-                      ? "; messages=$l->{messages}; tokens=$l->{tokens}" : '');
+        my $want = logged_route($l);
         $bad++, diag("request $id: $l->{header} vs $want")
             if $l->{header} ne $want;
         $bad++, diag("request $id: $l->{prefix} with messages "

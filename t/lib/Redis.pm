@@ -26,6 +26,8 @@
 #                               its answer (when the sleep is over)
 #   $r->clients                 CLIENT LIST without this client's own
 #                               connections: [{id, addr, cmd, ...}, ...]
+#   $r->wait_clients($n, $s)    the same, once it holds $n clients (polled
+#                               for up to $s seconds; then as it is)
 #   $r->keys('*')               KEYS, sorted
 #   $r->monitor_start           MONITOR on a connection of its own;
 #   $r->monitor_stop            the commands Redis saw since, one line
@@ -267,6 +269,14 @@ sub keys {
 }
 
 # CLIENT LIST, less this object's own connections.
+sub wait_clients {
+    my ($self, $n, $secs) = @_;
+    return t::lib::Proc::wait_for($secs, sub {
+        my $c = $self->clients;
+        return @$c == $n ? $c : undef;
+    }) // $self->clients;
+}
+
 sub clients {
     my ($self) = @_;
     my $me = $self->cmd('CLIENT', 'ID');

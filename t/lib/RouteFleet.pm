@@ -62,7 +62,7 @@ use t::lib::Redis;
 # suites use
 *wait_until = \&wait_for;
 
-our @EXPORT = qw(fleet_start fleet_stop post get engine_form tenant_salt
+our @EXPORT = qw(logged_route fleet_start fleet_stop post get engine_form tenant_salt
                  cli_keys published px held wait_held route_metrics
                  log_lines log_of bad_lines wait_until used_keys chat_req
                  bearer conv turn is_hit is_miss holder engine_index);
@@ -172,6 +172,14 @@ END {
     if (defined $pid0 && $$ == $pid0) {
         fleet_stop($_) for @fleets;
     }
+}
+
+# The x-omni-route an access log line (log_lines) says was due.
+sub logged_route {
+    my ($l) = @_;
+    return "$l->{prefix}; engine=$l->{engine}"
+           . ($l->{prefix} eq 'hit'
+              ? "; messages=$l->{messages}; tokens=$l->{tokens}" : '');
 }
 
 # x-omni-route: "hit; engine=unix:/x; messages=6; tokens=1184" as
