@@ -94,21 +94,6 @@ static const ChatMsg conv_mid[] = {
 
 /* ---- Setup --------------------------------------------------------------- */
 
-static int vocab_open(Vocab *v, const char *path) {
-    Err err;
-
-    if (gguf_open(&v->g, path, &err) != 0) {
-        print_error("%s\n", err.msg);
-        return -1;
-    }
-    v->tk = tokenizer_new(&v->g, &err);
-    if (v->tk == NULL) {
-        print_error("%s\n", err.msg);
-        return -1;
-    }
-    return 0;
-}
-
 static const char *stories_path(void) {
     const char *m = getenv("OMNI_MODEL");
 
@@ -137,7 +122,7 @@ static int setup(void **state) {
             snprintf(path, sizeof(path), "%s/models/ggml-vocab-%s.gguf",
                      f->src, vocab_names[i]);
         }
-        if (vocab_open(v, path) != 0) return -1;
+        if (open_tokenizer(path, &v->g, &v->tk) != 0) return -1;
     }
     return 0;
 }

@@ -72,21 +72,6 @@ static void find_stories(char *dst, size_t cap) {
     }
 }
 
-static int vocab_open(Vocab *v, const char *path) {
-    Err err;
-
-    if (gguf_open(&v->g, path, &err) != 0) {
-        print_error("%s\n", err.msg);
-        return -1;
-    }
-    v->tk = tokenizer_new(&v->g, &err);
-    if (v->tk == NULL) {
-        print_error("%s\n", err.msg);
-        return -1;
-    }
-    return 0;
-}
-
 static int ref_setup(void **state) {
     Ref *r = calloc(1, sizeof(*r));
     char path[8192];
@@ -98,11 +83,13 @@ static int ref_setup(void **state) {
         return -1;
     }
     find_stories(r->stories, sizeof(r->stories));
-    if (vocab_open(&r->stories_v, r->stories) != 0) return -1;
+    if (open_tokenizer(r->stories, &r->stories_v.g, &r->stories_v.tk) != 0) {
+        return -1;
+    }
     for (int i = 0; i < N_VOCABS; i++) {
         snprintf(path, sizeof(path), "%s/models/ggml-vocab-%s.gguf", r->src,
                  vector_vocabs[i]);
-        if (vocab_open(&r->v[i], path) != 0) return -1;
+        if (open_tokenizer(path, &r->v[i].g, &r->v[i].tk) != 0) return -1;
     }
     return 0;
 }

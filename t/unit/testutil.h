@@ -1,7 +1,8 @@
-/* testutil.h -- helpers the unit test programs share: reading a whole file
- * and finding the llama.cpp checkout whose data (tokenizer vectors, chat
- * template cases) the tests compare against. Header-only: each test program
- * is one translation unit plus libomni. */
+/* testutil.h -- helpers the unit test programs share: reading a whole file,
+ * finding the llama.cpp checkout whose data (tokenizer vectors, chat
+ * template cases) the tests compare against, and opening a GGUF's
+ * tokenizer. Header-only: each test program is one translation unit plus
+ * libomni. */
 
 #ifndef OMNI_TESTUTIL_H
 #define OMNI_TESTUTIL_H
@@ -9,6 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "gguf.h"
+#include "tokenizer.h"
 
 /* The whole file, NUL-terminated, malloc'd (caller frees); *len (if not
  * NULL) gets its size. NULL when it cannot be read. */
@@ -53,6 +57,23 @@ static inline int find_llama_src(char *dst, size_t cap) {
         if (line[0] != '\0') snprintf(dst, cap, "%s", line);
     }
     return pclose(p) == 0 && dst[0] != '\0' ? 0 : -1;
+}
+
+/* path's GGUF opened into *g and its tokenizer into *tk (the caller frees
+ * both); 0, or -1 with the reason on stderr. */
+static inline int open_tokenizer(const char *path, GGUF *g, Tokenizer **tk) {
+    Err err;
+
+    if (gguf_open(g, path, &err) != 0) {
+        fprintf(stderr, "%s\n", err.msg);
+        return -1;
+    }
+    *tk = tokenizer_new(g, &err);
+    if (*tk == NULL) {
+        fprintf(stderr, "%s\n", err.msg);
+        return -1;
+    }
+    return 0;
 }
 
 #endif
