@@ -18,6 +18,7 @@ const char *dtype_name(DType t) {
     case DT_BF16: return "bf16";
     case DT_Q8_0: return "q8_0";
     case DT_Q4_0: return "q4_0";
+    default:      break;
     }
     return "unknown";
 }
@@ -33,6 +34,7 @@ size_t dtype_row_bytes(DType t, int64_t n) {
     case DT_BF16: return (size_t) n * 2;
     case DT_Q8_0: return (size_t) (n / QK) * sizeof(BlockQ8_0);
     case DT_Q4_0: return (size_t) (n / QK) * sizeof(BlockQ4_0);
+    default:      break;
     }
     return 0;
 }
@@ -94,6 +96,8 @@ void quantize_row(DType t, const float *src, void *dst, int64_t n) {
     case DT_Q4_0:
         quantize_row_q4_0_ref(src, dst, n);
         return;
+    default:
+        return;
     }
 }
 
@@ -126,6 +130,8 @@ void dequantize_row(DType t, const void *row, float *out, int64_t n) {
                 out[b * QK + j + QK / 2] = d * ((q4[b].qs[j] >> 4) - 8);
             }
         }
+        return;
+    default:
         return;
     }
 }

@@ -35,14 +35,28 @@
 #include <string.h>
 
 typedef enum {
-    DT_F32  = 0,
-    DT_F16  = 1,
-    DT_Q4_0 = 2,
-    DT_Q8_0 = 8,
-    DT_BF16 = 30,
+    DT_F32    = 0,
+    DT_F16    = 1,
+    DT_Q4_0   = 2,
+    DT_Q4_1   = 3,
+    DT_Q5_0   = 6,
+    DT_Q5_1   = 7,
+    DT_Q8_0   = 8,
+    DT_Q8_1   = 9,              // activations only (Q4_1/Q5_1 dot products)
+    DT_Q2_K   = 10,
+    DT_Q3_K   = 11,
+    DT_Q4_K   = 12,
+    DT_Q5_K   = 13,
+    DT_Q6_K   = 14,
+    DT_Q8_K   = 15,             // activations only (K-quant dot products)
+    DT_IQ4_NL = 20,
+    DT_IQ4_XS = 23,
+    DT_BF16   = 30,
 } DType;
 
 #define QK 32                       // elements per quantized block
+#define QK_K 256                    // elements per K-quant super-block
+#define K_SCALE_SIZE 12             // Q4_K/Q5_K packed 6-bit scales, mins
 
 typedef struct {
     uint16_t d;                     // f16 scale
@@ -54,6 +68,82 @@ typedef struct {
     uint8_t  qs[QK / 2];
 } BlockQ4_0;
 
+/* The other ggml block layouts, byte for byte (ggml-common.h); what each
+ * field means is in dtype.c's dequantizers, the definition of the type. */
+typedef struct {
+    uint16_t d, m;                  // f16 scale and min: w = d * q + m
+    uint8_t  qs[QK / 2];            // as Q4_0
+} BlockQ4_1;
+
+typedef struct {
+    uint16_t d;
+    uint8_t  qh[4];                 // bit j: fifth bit of element j
+    uint8_t  qs[QK / 2];            // low nibbles, as Q4_0; w = d*(q - 16)
+} BlockQ5_0;
+
+typedef struct {
+    uint16_t d, m;                  // w = d * q + m
+    uint8_t  qh[4];
+    uint8_t  qs[QK / 2];
+} BlockQ5_1;
+
+typedef struct {
+    uint16_t d;                     // f16 scale
+    uint16_t s;                     // f16 of d * sum(qs)
+    int8_t   qs[QK];
+} BlockQ8_1;
+
+typedef struct {
+    uint8_t  scales[QK_K / 16];     // low nibble scale, high nibble min
+    uint8_t  qs[QK_K / 4];
+    uint16_t d, dmin;
+} BlockQ2_K;
+
+typedef struct {
+    uint8_t  hmask[QK_K / 8];
+    uint8_t  qs[QK_K / 4];
+    uint8_t  scales[12];            // 16 6-bit scales
+    uint16_t d;
+} BlockQ3_K;
+
+typedef struct {
+    uint16_t d, dmin;
+    uint8_t  scales[K_SCALE_SIZE];  // 8 6-bit scales and 8 6-bit mins
+    uint8_t  qs[QK_K / 2];
+} BlockQ4_K;
+
+typedef struct {
+    uint16_t d, dmin;
+    uint8_t  scales[K_SCALE_SIZE];
+    uint8_t  qh[QK_K / 8];
+    uint8_t  qs[QK_K / 2];
+} BlockQ5_K;
+
+typedef struct {
+    uint8_t  ql[QK_K / 2];
+    uint8_t  qh[QK_K / 4];
+    int8_t   scales[QK_K / 16];
+    uint16_t d;
+} BlockQ6_K;
+
+typedef struct {
+    float    d;                     // f32 scale, unlike every other block
+    int8_t   qs[QK_K];
+    int16_t  bsums[QK_K / 16];      // sums of qs in groups of 16
+} BlockQ8_K;
+
+typedef struct {
+    uint16_t d;
+    uint8_t  qs[QK / 2];            // indices into the IQ4_NL table
+} BlockIQ4_NL;
+
+typedef struct {
+    uint16_t d;
+    uint16_t scales_h;              // 2 high bits of 8 6-bit scales
+    uint8_t  scales_l[QK_K / 64];   // 4 low bits of 8 scales
+    uint8_t  qs[QK_K / 2];
+} BlockIQ4_XS;
+
 typedef enum {
     WL_ROWS = 0,                    // blocks one after another, as in GGUF
     WL_X16,                         // groups of 16 interleaved blocks
@@ -63,6 +153,18 @@ typedef enum {
 
 _Static_assert(sizeof(BlockQ8_0) == 34, "Q8_0 block must be 34 bytes");
 _Static_assert(sizeof(BlockQ4_0) == 18, "Q4_0 block must be 18 bytes");
+_Static_assert(sizeof(BlockQ4_1) == 20, "Q4_1 block must be 20 bytes");
+_Static_assert(sizeof(BlockQ5_0) == 22, "Q5_0 block must be 22 bytes");
+_Static_assert(sizeof(BlockQ5_1) == 24, "Q5_1 block must be 24 bytes");
+_Static_assert(sizeof(BlockQ8_1) == 36, "Q8_1 block must be 36 bytes");
+_Static_assert(sizeof(BlockQ2_K) == 84, "Q2_K block must be 84 bytes");
+_Static_assert(sizeof(BlockQ3_K) == 110, "Q3_K block must be 110 bytes");
+_Static_assert(sizeof(BlockQ4_K) == 144, "Q4_K block must be 144 bytes");
+_Static_assert(sizeof(BlockQ5_K) == 176, "Q5_K block must be 176 bytes");
+_Static_assert(sizeof(BlockQ6_K) == 210, "Q6_K block must be 210 bytes");
+_Static_assert(sizeof(BlockQ8_K) == 292, "Q8_K block must be 292 bytes");
+_Static_assert(sizeof(BlockIQ4_NL) == 18, "IQ4_NL block must be 18 bytes");
+_Static_assert(sizeof(BlockIQ4_XS) == 136, "IQ4_XS block must be 136 bytes");
 
 /* True for the ggml type ids in DType. */
 bool        dtype_supported(uint32_t type);

@@ -144,6 +144,7 @@ static uint32_t file_type(DType t) {
     case DT_Q4_0: return 2;
     case DT_Q8_0: return 7;
     case DT_BF16: return 32;
+    default:      break;
     }
     return 0;
 }

@@ -102,6 +102,7 @@ static inline int vec_slot(DType t, WLayout l) {
     case DT_BF16: return l == WL_ROWS ? 2 : -1;
     case DT_Q8_0: return l == WL_ROWS ? 3 : 5;
     case DT_Q4_0: return l == WL_ROWS ? 4 : 6;
+    default:      break;
     }
     return -1;
 }
