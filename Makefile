@@ -332,7 +332,8 @@ BUILD_PKGS := gcc make libpcre2-dev libyajl-dev libhiredis-dev libxxhash-dev \
 TEST_PKGS  := libsndfile1-dev libmpg123-dev libopusfile-dev libfaad-dev \
               libcmocka-dev clang libclang-rt-14-dev perl git ca-certificates curl \
               nginx nginx-dev nodejs $(if $(shell command -v npm),,npm) \
-              pocketsphinx-testdata lame flac opus-tools redis-server
+              pocketsphinx-testdata lame flac opus-tools redis-server \
+              cmake g++
 BENCH_PKGS := cmake g++ git ca-certificates $(if $(shell command -v npm),,npm) \
               pocketsphinx pocketsphinx-en-us libpocketsphinx-dev nodejs \
               redis-server
@@ -384,6 +385,7 @@ test-deps: $(if $(filter x86_64,$(HOST_ARCH)),cross-deps)
 test: test-deps
 	$(MAKE) all unit $(BUILD)/ngx_omni_module.so $(BUILD)/bench/loadgen
 	t/fetch-llama-src
+	t/build-llama-tools
 	prove $(UNIT_BINS) $(ASAN_BINS) $(TSAN_BINS) t/engine/*.t t/*.t t/e2e/*.t
 
 # `make run`: nginx with the module in the foreground on 127.0.0.1:$OMNI_PORT,

@@ -12,6 +12,8 @@
  *   llama-top-logits MODEL N_PREDICT K PROMPT
  *   LLAMA_FA=auto|on|off   flash attention (default: llama-simple's auto)
  *   LLAMA_KV=f16|f32       KV cache type (default: llama-simple's f16)
+ *   LLAMA_REPACK=off       weights as stored (default: llama-simple's
+ *                          repacking for the CPU's kernels, on)
  *
  * Build against a llama.cpp build tree (not part of the engine's build):
  *   cc -O2 -o llama-top-logits t/data/llama-top-logits.c \
@@ -78,6 +80,8 @@ static void top_k(const float *l, int n, Cand *top, int k) {
 
 int main(int argc, char **argv) {
     const char *fa = getenv("LLAMA_FA"), *kv = getenv("LLAMA_KV");
+    const char *repack = getenv("LLAMA_REPACK");
+    struct llama_model_params mp = llama_model_default_params();
 
     if (argc != 5) {
         fprintf(stderr, "usage: %s MODEL N_PREDICT K PROMPT\n", argv[0]);
@@ -88,8 +92,10 @@ int main(int argc, char **argv) {
 
     llama_log_set(quiet, NULL);
     ggml_backend_load_all();
-    struct llama_model *model = llama_model_load_from_file(
-        argv[1], llama_model_default_params());
+    if (repack != NULL && strcmp(repack, "off") == 0) {
+        mp.use_extra_bufts = false;
+    }
+    struct llama_model *model = llama_model_load_from_file(argv[1], mp);
     if (model == NULL) return 1;
     const struct llama_vocab *vocab = llama_model_get_vocab(model);
     int n_vocab = llama_vocab_n_tokens(vocab);

@@ -1,0 +1,128 @@
+# Greedy decoding compared with llama.cpp's on the same file, token for
+# token: what t/engine/quants.t (every weight type x architecture) and
+# bench/agreement (the rate over many prompts) share.
+#
+# llama.cpp's side is t/data/llama-top-logits.c, built by t/build-llama-tools
+# against the npm-bundled llama.cpp: llama-simple's greedy loop, printing
+# each step's token and two best logits in the engine's --top-logits format,
+# run with flash attention off (llama.cpp's CPU flash attention rounds Q and
+# the value sums to f16; the engine keeps f32 there, as llama.cpp does with
+# it off). Models are written by `omni-engine make-model` and quantized by
+# llama.cpp's own llama-quantize, so both engines read the same bytes.
+#
+# Exact agreement is the rule. The exception is a near tie: a step whose two
+# best candidates are closer than the two engines' logits are to each other.
+# Activations are quantized before every quantized matmul (Q8_0, Q8_1 or
+# Q8_K, as llama.cpp does), so a last-bit difference anywhere upstream (f32
+# sums in another order) can move a value across a rounding boundary and
+# change a logit by one quantization step of the activations. A divergence
+# counts as a near tie only when, at that step, both engines' margins
+# (best - second) are below the largest logit difference seen so far.
+use strict;
+use warnings;
+use JSON::PP;
+
+our ($TMP);
+
+# (bin dir) of the built llama.cpp tools, building them on first use.
+sub llama_tools {
+    my $out = `t/build-llama-tools`;
+    die "t/build-llama-tools failed\n" if $? != 0;
+    chomp(my $bin = (split /\n/, $out)[-1]);
+    return $bin;
+}
+
+# Runs a command with stdout and stderr in files; returns (rc, out, err).
+sub run_cmd {
+    my ($env, @cmd) = @_;
+    my $o = "$TMP/cmd.out";
+    my $e = "$TMP/cmd.err";
+    my $pid = fork() // die "fork: $!\n";
+    if ($pid == 0) {
+        $ENV{$_} = $env->{$_} for keys %$env;
+        open(STDIN, '<', '/dev/null');
+        open(STDOUT, '>', $o);
+        open(STDERR, '>', $e);
+        exec(@cmd) or POSIX::_exit(127);
+    }
+    waitpid($pid, 0);
+    my $rc = $? >> 8;
+    local $/;
+    open(my $ofh, '<', $o) or die $!;
+    open(my $efh, '<', $e) or die $!;
+    my ($out, $err) = (<$ofh> // '', <$efh> // '');
+    return ($rc, $out, $err);
+}
+
+# llama-quantize SRC -> DST as FTYPE (a llama-quantize type name); pure
+# asks for every matrix in the type itself (--pure), else llama.cpp's mix.
+sub llama_quantize {
+    my ($bin, $src, $dst, $ftype, $pure) = @_;
+    return $dst if -f $dst;
+    my ($rc, $out, $err) = run_cmd({}, "$bin/llama-quantize",
+        '--allow-requantize', $pure ? ('--pure') : (), $src, "$dst.tmp",
+        $ftype);
+    die "llama-quantize $ftype failed:\n$out$err\n" if $rc != 0;
+    rename("$dst.tmp", $dst) or die "rename: $!\n";
+    return $dst;
+}
+
+# The tensor types llama-quantize wrote: "type => count" as a string.
+sub gguf_types {
+    my ($bin, $file) = @_;
+    my ($rc, $out, $err) = run_cmd({ LLAMA_VERBOSE => 1 },
+        "$bin/llama-top-logits", $file, 1, 1, 'x');
+    my %n = ("$out$err" =~ /- type\s+(\w+):\s+(\d+) tensors/g);
+    return join ', ', map { "$n{$_} $_" } sort keys %n;
+}
+
+# llama.cpp's greedy steps: list of { token, top => [{id, logit}...],
+# margin } hashes, one per generated token.
+sub llama_steps {
+    my ($bin, $model, $prompt, $n) = @_;
+    my ($rc, $out, $err) = run_cmd({ LLAMA_FA => 'off' },
+        "$bin/llama-top-logits", $model, $n, 2, $prompt);
+    die "llama-top-logits failed on $model:\n$err\n" if $rc != 0;
+    return [ map { decode_json($_) } grep { /^\{/ } split /\n/, $out ];
+}
+
+# Ours, the same way: `generate --top-logits 2`.
+sub our_steps {
+    my ($model, $prompt, $n, @extra) = @_;
+    my ($rc, $out, $err) = run_engine(
+        'generate', '--model', $model, '--prompt', $prompt,
+        '--max-tokens', $n, '--temperature', 0, '--top-logits', 2, @extra);
+    return (undef, $err) if $rc != 0;
+    return ([ map { decode_json($_) } grep { /^\{/ } split /\n/, $err ], '');
+}
+
+# Compares two step lists. Returns a hash: same (1 when every token
+# agrees), step (the first that differs), noise (largest |logit
+# difference| over the shared top-2 candidates up to and including that
+# step), ours/llama (the margins there), tie (1 when the divergence is a
+# near tie as defined above), n (steps compared).
+sub compare_steps {
+    my ($ours, $llama) = @_;
+    my $n = @$ours < @$llama ? @$ours : @$llama;
+    my ($d, $noise) = (0, 0);
+
+    $d++ while $d < $n && $ours->[$d]{token} == $llama->[$d]{token};
+    my $last = $d < $n ? $d : $n - 1;
+    for my $i (0 .. $last) {
+        my %l = map { $_->{id} => $_->{logit} } @{ $llama->[$i]{top} };
+        for my $t (@{ $ours->[$i]{top} }) {
+            next unless exists $l{ $t->{id} };
+            my $diff = abs($t->{logit} - $l{ $t->{id} });
+            $noise = $diff if $diff > $noise;
+        }
+    }
+    my %r = (same => $d == $n && @$ours == @$llama ? 1 : 0, step => $d,
+             noise => $noise, n => $n);
+    return \%r if $d == $n;
+    $r{ours} = $ours->[$d]{margin};
+    $r{llama} = $llama->[$d]{margin};
+    $r{tie} = $r{ours} <= $noise && $r{llama} <= $noise ? 1 : 0;
+    return \%r;
+}
+
+1;

@@ -1,0 +1,118 @@
+# Every weight type on every architecture decodes as llama.cpp does: for
+# each (architecture, type) our greedy tokens for several prompts equal
+# llama.cpp's on the same file, token for token, 32 tokens each, or differ
+# only at a near tie (t/engine/llama_ref.pl says what that is; the test
+# prints every one).
+#
+# The files: a random-weight model per architecture written by
+# `omni-engine make-model` in F32 (dimensions multiples of 256, so every
+# K-quant block fits; weights with a std large enough that the logits are
+# far from flat and greedy decoding follows the weights, not ties), and the
+# default model (stories260K), each requantized by llama.cpp's
+# llama-quantize to every type: pure (--pure: every matrix in the type)
+# and llama.cpp's usual mixes (Q4_K_M, ...). stories260K's rows are 64 and
+# 512 long: not multiples of 256, so llama-quantize stores its K-quant
+# matrices in its fallback types (Q5_0 for Q4_K, Q5_1 for Q5_K, Q8_0 for
+# Q6_K, IQ4_NL for Q2_K, Q3_K and IQ4_XS); the test names the types each
+# file ended up with.
+#
+#   OMNI_QUANT_TYPES   only these llama-quantize types (space-separated)
+#   OMNI_QUANT_ARCHS   only these architectures
+#   OMNI_QUANT_PROMPTS prompts per file (default 3)
+use strict;
+use warnings;
+use Test::More;
+use POSIX ();
+require './t/engine/lib.pl';
+require './t/engine/llama_ref.pl';
+our ($MODEL, $TMP);
+
+my $bin = llama_tools();
+my $src = llama_src();
+my $dir = 'build/t/quants';
+system('mkdir', '-p', $dir) == 0 or die;
+
+# llama-quantize type name, pure
+my @types = (
+    [ 'Q8_0', 1 ], [ 'Q4_0', 1 ], [ 'Q4_1', 1 ], [ 'Q5_0', 1 ],
+    [ 'Q5_1', 1 ], [ 'Q2_K', 1 ], [ 'Q3_K', 1 ], [ 'Q4_K', 1 ],
+    [ 'Q5_K', 1 ], [ 'Q6_K', 1 ], [ 'IQ4_NL', 1 ], [ 'IQ4_XS', 1 ],
+    [ 'Q4_K_M', 0 ], [ 'Q5_K_M', 0 ], [ 'Q3_K_M', 0 ], [ 'Q2_K', 0 ],
+);
+if (my $only = $ENV{OMNI_QUANT_TYPES}) {
+    my %o = map { $_ => 1 } split ' ', $only;
+    @types = grep { $o{ $_->[0] } } @types;
+}
+
+# name, make-model arguments (undef: the default model), vocabulary
+my $llama_vocab = "$src/models/ggml-vocab-llama-spm.gguf";
+my @archs = (
+    [ 'stories260K', undef ],
+    [ 'llama', [ qw(--arch llama --dim 256 --layers 2 --heads 4 --kv-heads 2
+                    --ffn 768) ], $llama_vocab ],
+    [ 'qwen2', [ qw(--arch qwen2 --dim 256 --layers 2 --heads 4 --kv-heads 2
+                    --ffn 768) ], "$src/models/ggml-vocab-qwen2.gguf" ],
+);
+if (my $only = $ENV{OMNI_QUANT_ARCHS}) {
+    my %o = map { $_ => 1 } split ' ', $only;
+    @archs = grep { $o{ $_->[0] } } @archs;
+}
+
+my @prompts = ('Once upon a time', 'The quick brown fox jumps over',
+               'In the beginning', 'Hello, my name is',
+               'Lily and Tom went to the park');
+splice(@prompts, $ENV{OMNI_QUANT_PROMPTS} // 3);
+my $n_tokens = 32;
+
+# The F32 source of an architecture, written once per build tree.
+sub source_model {
+    my ($name, $args, $vocab) = @_;
+    return $MODEL unless $args;
+    my $f = "$dir/$name-f32.gguf";
+    return $f if -f $f;
+    my ($rc, $out, $err) = run_engine(
+        'make-model', '--out', "$f.tmp", @$args, '--type', 'f32',
+        '--vocab-from', $vocab, '--seed', 7, '--ctx', 512, '--std', 0.08);
+    die "make-model $name failed: $err\n" if $rc != 0;
+    rename("$f.tmp", $f) or die;
+    return $f;
+}
+
+my ($total, $exact, @ties) = (0, 0);
+for my $a (@archs) {
+    my ($name, $args, $vocab) = @$a;
+    my $f32 = source_model($name, $args, $vocab);
+    for my $t (@types) {
+        my ($type, $pure) = @$t;
+        my $label = "$name " . ($pure ? $type : "$type mix");
+        my $file = llama_quantize($bin, $f32,
+            "$dir/$name-" . lc($type) . ($pure ? '' : '-mix') . '.gguf',
+            $type, $pure);
+        note("$label: " . gguf_types($bin, $file));
+        for my $p (@prompts) {
+            my $llama = llama_steps($bin, $file, $p, $n_tokens);
+            my ($ours, $err) = our_steps($file, $p, $n_tokens);
+            ok($ours, "$label '$p': the engine runs it") or diag $err;
+            next unless $ours;
+            my $r = compare_steps($ours, $llama);
+            $total++;
+            $exact++ if $r->{same};
+            if ($r->{same}) {
+                pass("$label '$p': $r->{n} tokens as llama.cpp's");
+                next;
+            }
+            my $why = sprintf("first differs at step %d of %d: margins "
+                . "%.3g (ours) and %.3g (llama.cpp), logits differ by up "
+                . "to %.3g", $r->{step}, $r->{n}, $r->{ours} // -1,
+                $r->{llama} // -1, $r->{noise});
+            ok($r->{tie}, "$label '$p': a near tie ($why)");
+            push @ties, "$label '$p': $why" if $r->{tie};
+        }
+    }
+}
+note(sprintf("%d of %d generations equal llama.cpp's token for token; "
+             . "%d near ties", $exact, $total, scalar @ties));
+note($_) for @ties;
+ok($total > 0, 'something was compared');
+
+done_testing();
