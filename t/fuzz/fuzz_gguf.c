@@ -2,14 +2,16 @@
  *
  * Opens the input with the reader, then touches everything a model load
  * would: every key through the typed getters, every array element, every
- * tensor's first and last byte, and the tokenizer built from the metadata.
- * Any out-of-bounds read is an ASan crash; any accepted file must be safe to
- * walk completely. */
+ * tensor's first and last byte, every weight type's first row dequantized
+ * (what an embedding lookup reads), and the tokenizer built from the
+ * metadata. Any out-of-bounds read is an ASan crash; any accepted file must
+ * be safe to walk completely. */
 
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
+#include "dtype.h"
 #include "gguf.h"
 #include "log.h"
 #include "tokenizer.h"
@@ -46,6 +48,24 @@ static void walk_kv(const GGUF *g, const GGUFKV *kv) {
     }
 }
 
+/* The first row of a tensor of a type the engine runs, as an embedding
+ * lookup converts it; a row the tensor's bytes do not hold, or a length not
+ * made of whole blocks, is what model loading refuses, so it is skipped
+ * here too. */
+static void walk_row(const GGUFTensor *t) {
+    static float row[8192];
+    int64_t      n = t->ne[0];
+
+    if (!dtype_supported(t->type) || n <= 0 || n > 8192
+        || n % dtype_block((DType) t->type) != 0
+        || dtype_row_bytes((DType) t->type, n) > t->nbytes)
+    {
+        return;
+    }
+    dequantize_row((DType) t->type, t->data, row, n);
+    sink ^= (uint8_t) (row[n - 1] != row[n - 1]);
+}
+
 /* Warnings about odd but harmless metadata would flood the fuzzer's
  * output at thousands of inputs a second. */
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
@@ -65,6 +85,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (uint64_t i = 0; i < g.n_tensors; i++) {
         const uint8_t *p = g.tensors[i].data;
         sink ^= p[0] ^ p[g.tensors[i].nbytes - 1];
+        walk_row(&g.tensors[i]);
     }
     tk = tokenizer_new(&g, &err);
     if (tk != NULL) {
