@@ -21,8 +21,71 @@
 use strict;
 use warnings;
 use JSON::PP;
+use POSIX ();
 
-our ($TMP);
+our ($TMP, $MODEL);
+
+# The weight types compared: [llama-quantize type name, pure]. Pure
+# (--pure) stores every matrix in the type itself; otherwise llama.cpp's
+# mix for that name (Q4_K_M: Q4_K with some Q6_K, ...). only: a
+# space-separated list of names to keep, or undef.
+sub quant_types {
+    my $only = shift;
+    my @t = (
+        [ 'Q8_0', 1 ], [ 'Q4_0', 1 ], [ 'Q4_1', 1 ], [ 'Q5_0', 1 ],
+        [ 'Q5_1', 1 ], [ 'Q2_K', 1 ], [ 'Q3_K', 1 ], [ 'Q4_K', 1 ],
+        [ 'Q5_K', 1 ], [ 'Q6_K', 1 ], [ 'IQ4_NL', 1 ], [ 'IQ4_XS', 1 ],
+        [ 'Q4_K_M', 0 ], [ 'Q5_K_M', 0 ], [ 'Q3_K_M', 0 ], [ 'Q2_K', 0 ],
+    );
+    return @t unless $only;
+    my %o = map { $_ => 1 } split ' ', $only;
+    return grep { $o{ $_->[0] } } @t;
+}
+
+# The architectures compared: [name, make-model arguments (undef: the
+# default model), vocabulary file]. Random-weight models have rows that are
+# multiples of 256, so every K-quant block fits.
+sub quant_archs {
+    my ($src, $only) = @_;
+    my $spm = "$src/models/ggml-vocab-llama-spm.gguf";
+    my @shape = qw(--dim 256 --layers 2 --heads 4 --kv-heads 2 --ffn 768);
+    my @a = (
+        [ 'stories260K', undef ],
+        [ 'llama', [ '--arch', 'llama', @shape ], $spm ],
+        [ 'qwen2', [ '--arch', 'qwen2', @shape ],
+          "$src/models/ggml-vocab-qwen2.gguf" ],
+    );
+    return @a unless $only;
+    my %o = map { $_ => 1 } split ' ', $only;
+    return grep { $o{ $_->[0] } } @a;
+}
+
+# The F32 file of architecture a in dir, written once: weights with a std
+# (0.08) large enough that the logits are far from flat, so greedy decoding
+# follows the weights rather than ties.
+sub source_model {
+    my ($dir, $a) = @_;
+    my ($name, $args, $vocab) = @$a;
+    return $MODEL unless $args;
+    my $f = "$dir/$name-f32.gguf";
+    return $f if -f $f;
+    my ($rc, $out, $err) = run_engine(
+        'make-model', '--out', "$f.tmp", @$args, '--type', 'f32',
+        '--vocab-from', $vocab, '--seed', 7, '--ctx', 512, '--std', 0.08);
+    die "make-model $name failed: $err\n" if $rc != 0;
+    rename("$f.tmp", $f) or die "rename: $!\n";
+    return $f;
+}
+
+# (file, label) of architecture a quantized as type t, written once.
+sub quant_file {
+    my ($bin, $dir, $a, $t) = @_;
+    my ($type, $pure) = @$t;
+    my $f32 = source_model($dir, $a);
+    my $file = llama_quantize($bin, $f32, "$dir/$a->[0]-" . lc($type)
+                              . ($pure ? '' : '-mix') . '.gguf', $type, $pure);
+    return ($file, "$a->[0] " . ($pure ? $type : "$type mix"));
+}
 
 # (bin dir) of the built llama.cpp tools, building them on first use.
 sub llama_tools {

@@ -22,7 +22,6 @@
 use strict;
 use warnings;
 use Test::More;
-use POSIX ();
 require './t/engine/lib.pl';
 require './t/engine/llama_ref.pl';
 our ($MODEL, $TMP);
@@ -32,31 +31,8 @@ my $src = llama_src();
 my $dir = 'build/t/quants';
 system('mkdir', '-p', $dir) == 0 or die;
 
-# llama-quantize type name, pure
-my @types = (
-    [ 'Q8_0', 1 ], [ 'Q4_0', 1 ], [ 'Q4_1', 1 ], [ 'Q5_0', 1 ],
-    [ 'Q5_1', 1 ], [ 'Q2_K', 1 ], [ 'Q3_K', 1 ], [ 'Q4_K', 1 ],
-    [ 'Q5_K', 1 ], [ 'Q6_K', 1 ], [ 'IQ4_NL', 1 ], [ 'IQ4_XS', 1 ],
-    [ 'Q4_K_M', 0 ], [ 'Q5_K_M', 0 ], [ 'Q3_K_M', 0 ], [ 'Q2_K', 0 ],
-);
-if (my $only = $ENV{OMNI_QUANT_TYPES}) {
-    my %o = map { $_ => 1 } split ' ', $only;
-    @types = grep { $o{ $_->[0] } } @types;
-}
-
-# name, make-model arguments (undef: the default model), vocabulary
-my $llama_vocab = "$src/models/ggml-vocab-llama-spm.gguf";
-my @archs = (
-    [ 'stories260K', undef ],
-    [ 'llama', [ qw(--arch llama --dim 256 --layers 2 --heads 4 --kv-heads 2
-                    --ffn 768) ], $llama_vocab ],
-    [ 'qwen2', [ qw(--arch qwen2 --dim 256 --layers 2 --heads 4 --kv-heads 2
-                    --ffn 768) ], "$src/models/ggml-vocab-qwen2.gguf" ],
-);
-if (my $only = $ENV{OMNI_QUANT_ARCHS}) {
-    my %o = map { $_ => 1 } split ' ', $only;
-    @archs = grep { $o{ $_->[0] } } @archs;
-}
+my @types = quant_types($ENV{OMNI_QUANT_TYPES});
+my @archs = quant_archs($src, $ENV{OMNI_QUANT_ARCHS});
 
 my @prompts = ('Once upon a time', 'The quick brown fox jumps over',
                'In the beginning', 'Hello, my name is',
@@ -64,30 +40,10 @@ my @prompts = ('Once upon a time', 'The quick brown fox jumps over',
 splice(@prompts, $ENV{OMNI_QUANT_PROMPTS} // 3);
 my $n_tokens = 32;
 
-# The F32 source of an architecture, written once per build tree.
-sub source_model {
-    my ($name, $args, $vocab) = @_;
-    return $MODEL unless $args;
-    my $f = "$dir/$name-f32.gguf";
-    return $f if -f $f;
-    my ($rc, $out, $err) = run_engine(
-        'make-model', '--out', "$f.tmp", @$args, '--type', 'f32',
-        '--vocab-from', $vocab, '--seed', 7, '--ctx', 512, '--std', 0.08);
-    die "make-model $name failed: $err\n" if $rc != 0;
-    rename("$f.tmp", $f) or die;
-    return $f;
-}
-
 my ($total, $exact, @ties) = (0, 0);
 for my $a (@archs) {
-    my ($name, $args, $vocab) = @$a;
-    my $f32 = source_model($name, $args, $vocab);
     for my $t (@types) {
-        my ($type, $pure) = @$t;
-        my $label = "$name " . ($pure ? $type : "$type mix");
-        my $file = llama_quantize($bin, $f32,
-            "$dir/$name-" . lc($type) . ($pure ? '' : '-mix') . '.gguf',
-            $type, $pure);
+        my ($file, $label) = quant_file($bin, $dir, $a, $t);
         note("$label: " . gguf_types($bin, $file));
         for my $p (@prompts) {
             my $llama = llama_steps($bin, $file, $p, $n_tokens);
