@@ -165,12 +165,13 @@ sub our_steps {
 # Compares two step lists. Returns a hash: same (1 when every token
 # agrees), step (the first that differs), noise (largest |logit
 # difference| over the shared top-2 candidates up to and including that
-# step), ours/llama (the margins there), tie (1 when the divergence is a
+# step), scale (the largest |logit| among them), ours/llama (the margins
+# there), tie (1 when the divergence is a
 # near tie as defined above), n (steps compared).
 sub compare_steps {
     my ($ours, $llama) = @_;
     my $n = @$ours < @$llama ? @$ours : @$llama;
-    my ($d, $noise) = (0, 0);
+    my ($d, $noise, $scale) = (0, 0, 0);
 
     $d++ while $d < $n && $ours->[$d]{token} == $llama->[$d]{token};
     my $last = $d < $n ? $d : $n - 1;
@@ -180,10 +181,11 @@ sub compare_steps {
             next unless exists $l{ $t->{id} };
             my $diff = abs($t->{logit} - $l{ $t->{id} });
             $noise = $diff if $diff > $noise;
+            $scale = abs($t->{logit}) if abs($t->{logit}) > $scale;
         }
     }
     my %r = (same => $d == $n && @$ours == @$llama ? 1 : 0, step => $d,
-             noise => $noise, n => $n);
+             noise => $noise, scale => $scale, n => $n);
     return \%r if $d == $n;
     $r{ours} = $ours->[$d]{margin};
     $r{llama} = $llama->[$d]{margin};

@@ -39,6 +39,7 @@ my @prompts = ('Once upon a time', 'The quick brown fox jumps over',
                'Lily and Tom went to the park');
 splice(@prompts, $ENV{OMNI_QUANT_PROMPTS} // 3);
 my $n_tokens = 32;
+my $NOISE = 0.02;               # largest logit difference, relative
 
 my ($total, $exact, @ties) = (0, 0);
 for my $a (@archs) {
@@ -51,6 +52,12 @@ for my $a (@archs) {
             ok($ours, "$label '$p': the engine runs it") or diag $err;
             next unless $ours;
             my $r = compare_steps($ours, $llama);
+            # whatever the tokens, the logits agree to within a few
+            # activation quantization steps: a wrong scale or a misread
+            # block would move them by far more
+            cmp_ok($r->{noise}, '<=', $NOISE * $r->{scale}, sprintf(
+                "%s '%s': logits within %.3g of llama.cpp's (of %.3g)",
+                $label, $p, $r->{noise}, $r->{scale}));
             $total++;
             $exact++ if $r->{same};
             if ($r->{same}) {
