@@ -10,7 +10,7 @@ use TAP::Parser;
 require './t/engine/lib.pl';
 our ($ENGINE, $MODEL);
 
-my @suites = qw(cli reference serve_batch serve);
+my @suites = qw(cli reference quants serve_batch serve);
 
 # The set generate --stats reports for OMNI_ISA=$isa, or undef when the
 # CPU (or the build) cannot run it.
