@@ -163,8 +163,17 @@ static int bind_matrix(const Model *m, const char *name, int64_t rows,
     }
     if (!dtype_supported(t->type)) {
         return err_set(err, "tensor '%s' has type %s, which is not supported "
-                       "(f32, f16, bf16, q8_0, q4_0)", name,
+                       "(f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, "
+                       "q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs)", name,
                        ggml_type_name(t->type));
+    }
+    /* gguf.c checks this for every tensor; the kernels read whole blocks,
+       so it is checked again where a matrix is handed to them */
+    if (t->ne[0] % dtype_block((DType) t->type) != 0) {
+        return err_set(err, "tensor '%s' has rows of %" PRId64 " elements, "
+                       "not a multiple of the %s block of %" PRId64, name,
+                       t->ne[0], dtype_name((DType) t->type),
+                       dtype_block((DType) t->type));
     }
     out->type = (DType) t->type;
     out->rows = t->ne[1];

@@ -13,7 +13,9 @@
  * activation rows at a time; the table tiles it and blocks k for its
  * caches, and in decode reads the chunk's rows front to back. Activations
  * are converted once per call to the form the table reads (or copied to a
- * line-aligned buffer when f32 rows do not start on cache lines).
+ * line-aligned buffer when f32 rows do not start on cache lines). A weight
+ * type the table has no gemm for runs on ref.c's (vec_gemm), so every
+ * kernel set runs every type, with the same results as ref.
  *
  * At load, repack rewrites a quantized matrix in place into the WL_X16
  * layout (dtype.h) when the table reads it (fills its mm slot), which
@@ -202,13 +204,16 @@ static void cpu_swiglu(Backend *be, float *out, const float *gate,
 
 typedef struct {
     const CpuVec    *vec;
-    int              slot;
+    const CpuGemm   *g;             // vec_gemm()'s entry for the weights
     const float     *x;
     void            *xq;
     size_t           ldxq;
     int64_t          cols;
 } ConvArgs;
 
+/* Q8_1 and Q8_K use dtype.c's quantizers whatever the table, so the
+ * activations are the same bits on every kernel set; Q8_0 and f16 use the
+ * table's, which the kernel tests hold to ref.c's bits. */
 static void convert_rows(const CpuCtx *c, void *p, int64_t r0, int64_t r1) {
     ConvArgs *a = p;
 
@@ -217,12 +222,15 @@ static void convert_rows(const CpuCtx *c, void *p, int64_t r0, int64_t r1) {
         const float *x = a->x + r * a->cols;
         void        *dst = (char *) a->xq + r * a->ldxq;
 
-        if (a->vec->mm[a->slot].conv != NULL) {
-            a->vec->mm[a->slot].conv(x, dst, a->cols);
-        } else if (a->vec->mm[a->slot].x_form == DT_Q8_0) {
-            a->vec->quantize_q8_0(x, dst, a->cols);
-        } else {
-            a->vec->to_f16(x, dst, a->cols);
+        if (a->g->conv != NULL) {
+            a->g->conv(x, dst, a->cols);
+            continue;
+        }
+        switch (a->g->x_form) {
+        case DT_Q8_0: a->vec->quantize_q8_0(x, dst, a->cols); break;
+        case DT_Q8_1: quantize_row_q8_1_ref(x, dst, a->cols); break;
+        case DT_Q8_K: quantize_row_q8_K_ref(x, dst, a->cols); break;
+        default:      a->vec->to_f16(x, dst, a->cols); break;
         }
     }
 }
@@ -238,9 +246,15 @@ static void copy_rows(const CpuCtx *c, void *p, int64_t r0, int64_t r1) {
 }
 
 /* Bytes of a converted activation row of k elements. */
-static size_t x_bytes(const CpuVec *vec, int slot, int64_t k) {
-    if (vec->mm[slot].x_bytes != NULL) return vec->mm[slot].x_bytes(k);
-    return dtype_row_bytes(vec->mm[slot].x_form, k);
+static size_t x_bytes(const CpuGemm *g, int64_t k) {
+    if (g->x_bytes != NULL) return g->x_bytes(k);
+    return dtype_row_bytes(g->x_form, k);
+}
+
+/* True when gemm entries a and b read the same converted activations. */
+static bool same_x(const CpuGemm *a, const CpuGemm *b) {
+    return a->x_form == b->x_form && a->conv == b->conv
+           && a->x_bytes == b->x_bytes;
 }
 
 /* One parallel job over up to MM_MAX_FUSED matrices that read the same
@@ -249,7 +263,7 @@ static size_t x_bytes(const CpuVec *vec, int slot, int64_t k) {
  * leave threads idle at their tail. Chunk c belongs to the matrix i with
  * first[i] <= c < first[i + 1]. */
 typedef struct {
-    GemmFn           gemm;
+    GemmFn           gemm[MM_MAX_FUSED];    // per matrix, one x form
     int              mr, nr;
     const char      *x;
     size_t           ldx;
@@ -273,7 +287,7 @@ static void matmul_chunk(const MatmulJob *j, int i, int64_t w0, int64_t w1) {
     for (int64_t xi = 0; xi < j->n; xi += j->mr) {
         int mr = (int) (j->n - xi < j->mr ? j->n - xi : j->mr);
 
-        j->gemm(m->cols, mr, (int) (w1 - w0), j->x + xi * (int64_t) j->ldx,
+        j->gemm[i](m->cols, mr, (int) (w1 - w0), j->x + xi * (int64_t) j->ldx,
                 j->ldx, w, m->row_bytes, j->out[i] + xi * (int64_t) ldo + w0,
                 ldo);
     }
@@ -307,26 +321,25 @@ static int64_t matmul_chunk_rows(const MatmulJob *j, int nth) {
 /* Points job.x at the activations in the form the kernel reads: in place
  * for f32 rows that start cache lines, else converted (or copied) into the
  * scratch buffer. */
-static void matmul_input(const CpuCtx *c, MatmulJob *job, int slot,
+static void matmul_input(const CpuCtx *c, MatmulJob *job, const CpuGemm *g,
                          const float *x, int64_t cols)
 {
-    if (c->vec->mm[slot].conv == NULL && c->vec->mm[slot].x_form == DT_F32) {
+    if (g->conv == NULL && g->x_form == DT_F32) {
         job->x = (const char *) x;
         job->ldx = (size_t) cols * sizeof(float);
         if (((uintptr_t) x | job->ldx) % 64 != 0) {
             /* read in place only when every row starts a cache line: a
                vector split over two lines costs two loads, 6-11% of a
                batch's f16 matmul */
-            ConvArgs a = { c->vec, slot, x, c->xbuf,
-                           (job->ldx + 63) / 64 * 64, cols };
+            ConvArgs a = { c->vec, g, x, c->xbuf, (job->ldx + 63) / 64 * 64,
+                           cols };
 
             run_rows(c, copy_rows, &a, job->n, cols);
             job->x = c->xbuf;
             job->ldx = a.ldxq;
         }
     } else {
-        ConvArgs a = { c->vec, slot, x, c->xbuf, x_bytes(c->vec, slot, cols),
-                       cols };
+        ConvArgs a = { c->vec, g, x, c->xbuf, x_bytes(g, cols), cols };
 
         run_rows(c, convert_rows, &a, job->n, cols);
         job->x = c->xbuf;
@@ -334,36 +347,52 @@ static void matmul_input(const CpuCtx *c, MatmulJob *job, int slot,
     }
 }
 
+/* The matrices run as one job when they read the same activations the
+ * same way: same cols, activation form and tile shape (Q/K/V of one type;
+ * also a Q4_K_M file's Q4_K and Q6_K, both on Q8_K). Otherwise one by
+ * one, which is rare. */
+static bool fusable(const CpuVec *vec, const Matrix *const *ws, int count) {
+    const CpuGemm *g0 = vec_gemm(vec, vec_slot(ws[0]->type, ws[0]->layout));
+
+    for (int i = 1; i < count; i++) {
+        const CpuGemm *g = vec_gemm(vec, vec_slot(ws[i]->type,
+                                                  ws[i]->layout));
+
+        if (ws[i]->cols != ws[0]->cols || !same_x(g, g0) || g->mr != g0->mr
+            || g->nr != g0->nr)
+        {
+            return false;
+        }
+    }
+    return true;
+}
+
 static void cpu_matmul_n(Backend *be, float *const *outs, const float *x,
                          int64_t n, const Matrix *const *ws, int count)
 {
-    const CpuCtx *c = be->ctx;
-    int           slot = vec_slot(ws[0]->type, ws[0]->layout);
-    MatmulJob     job;
+    const CpuCtx  *c = be->ctx;
+    const CpuGemm *g = vec_gemm(c->vec, vec_slot(ws[0]->type,
+                                                 ws[0]->layout));
+    MatmulJob      job;
 
-    /* matrices of different types need different activation forms: run
-       them one by one (mixed-type files are rare) */
-    for (int i = 1; i < count; i++) {
-        if (ws[i]->type != ws[0]->type || ws[i]->cols != ws[0]->cols
-            || ws[i]->layout != ws[0]->layout)
-        {
-            for (int k = 0; k < count; k++) {
-                cpu_matmul_n(be, &outs[k], x, n, &ws[k], 1);
-            }
-            return;
+    if (!fusable(c->vec, ws, count)) {
+        for (int k = 0; k < count; k++) {
+            cpu_matmul_n(be, &outs[k], x, n, &ws[k], 1);
         }
+        return;
     }
     memset(&job, 0, sizeof(job));
-    job.gemm = c->vec->mm[slot].gemm;
-    job.mr = c->vec->mm[slot].mr;
-    job.nr = c->vec->mm[slot].nr;
+    job.mr = g->mr;
+    job.nr = g->nr;
     job.n = n;
     job.count = count;
     for (int i = 0; i < count; i++) {
+        job.gemm[i] = vec_gemm(c->vec, vec_slot(ws[i]->type,
+                                                ws[i]->layout))->gemm;
         job.w[i] = ws[i];
         job.out[i] = outs[i];
     }
-    matmul_input(c, &job, slot, x, ws[0]->cols);
+    matmul_input(c, &job, g, x, ws[0]->cols);
     job.w_chunk = matmul_chunk_rows(&job, tp_size(c->tp));
     for (int i = 0; i < count; i++) {
         job.first[i + 1] = job.first[i]
@@ -707,8 +736,8 @@ Backend *backend_cpu_new(const BackendConfig *cfg, char *err, size_t errlen) {
     /* room for the widest converted row any weight type asks for; f32
        rows are copied there, line-aligned, when the caller's are not */
     xrow = 64;
-    for (int t = 0; t < 7; t++) {
-        size_t b = x_bytes(c->vec, t, cfg->max_cols);
+    for (int t = 0; t < VEC_SLOTS; t++) {
+        size_t b = x_bytes(vec_gemm(c->vec, t), cfg->max_cols);
 
         xrow = b > xrow ? b : xrow;
     }

@@ -12,9 +12,9 @@
  * mr activation rows (at most the table's mr) and any number nr of weight
  * rows, reading both in place; the table tiles and blocks the panel itself.
  * Activations are first converted, one row at a time, to the form the table
- * asks for (f32 rows as given, Q8_0 blocks, or a table's private layout
- * through conv), so the conversion too is the same for a token whatever
- * batch it is in.
+ * asks for (f32 rows as given, f16, Q8_0, Q8_1 or Q8_K blocks, or a table's
+ * private layout through conv), so the conversion too is the same for a
+ * token whatever batch it is in.
  *
  * Batch invariance: for a given k, gemm must compute out[i][j] with the same
  * operations in the same order for every mr, nr and position in the tile.
@@ -35,32 +35,39 @@
 #define GEMM_MR_MAX 256         // most activation rows a table asks for
 
 /* out[i * ldo + j] = x_i . w_j for i < mr, j < nr; x_i at x + i*ldx bytes,
- * w_j at w + j*ldw bytes, k elements each (k % 32 == 0 for quantized). */
+ * w_j at w + j*ldw bytes, k elements each (a multiple of the weight
+ * type's block). */
 typedef void (*GemmFn)(int64_t k, int mr, int nr, const void *x, size_t ldx,
                        const void *w, size_t ldw, float *out, size_t ldo);
 
 /* Converts one activation row of k floats to a table's private form. */
 typedef void (*XConvFn)(const float *x, void *y, int64_t k);
 
+/* How a table multiplies one weight type and layout: the activation form
+ * (DT_F32, DT_F16, DT_Q8_0, DT_Q8_1 or DT_Q8_K) its gemm reads, the gemm,
+ * and the tile shape it is fastest at. gemm NULL means the table leaves
+ * the slot to ref.c's entry (vec_gemm), or, for a WL_X16 slot, that it
+ * does not read that layout (matrices stay as stored). */
+typedef struct {
+    DType   x_form;
+    GemmFn  gemm;
+    int     mr;                     // activation rows per call, <= GEMM_MR_MAX
+    int     nr;                     // weight rows of its tile: calls should
+                                    //   start at multiples of nr
+    /* (optional) private activation form: conv writes one row of k
+     * elements, x_bytes(k) is its size. NULL means x_form, converted by
+     * the table's quantize_q8_0 or to_f16, or by dtype.c's reference
+     * quantizers for Q8_1 and Q8_K. */
+    XConvFn conv;
+    size_t  (*x_bytes)(int64_t k);
+} CpuGemm;
+
+#define VEC_SLOTS 17                // weight types and layouts, vec_slot()
+
 typedef struct {
     const char *name;               // "ref", "avx2", "avx512", "neon"
 
-    /* Per weight type and layout: the activation form (DT_F32, DT_F16 or
-     * DT_Q8_0) the gemm reads, the gemm itself, and the tile shape it is
-     * fastest at. */
-    struct {
-        DType   x_form;
-        GemmFn  gemm;
-        int     mr;                 // activation rows per call, <= GEMM_MR_MAX
-        int     nr;                 // weight rows of its tile: calls should
-                                    //   start at multiples of nr
-        /* (optional) private activation form: conv writes one row of k
-         * elements, x_bytes(k) is its size. NULL means x_form. */
-        XConvFn conv;
-        size_t  (*x_bytes)(int64_t k);
-    } mm[7];                        // indexed by vec_slot(); a table
-                                    //   reads a WL_X16 layout when it
-                                    //   fills its slot (gemm != NULL)
+    CpuGemm mm[VEC_SLOTS];          // indexed by vec_slot()
 
     /* y = x as Q8_0 blocks (k % 32 == 0): d = max|x| / 127, q = round to
      * nearest even of x * 127 / max|x|. */
@@ -94,15 +101,26 @@ typedef struct {
 } CpuVec;
 
 /* Dense slot of a weight type and layout in CpuVec.mm, or -1 when
- * unsupported. */
+ * unsupported. Only Q8_0 and Q4_0 have a WL_X16 layout. */
 static inline int vec_slot(DType t, WLayout l) {
+    if (l == WL_X16) return t == DT_Q8_0 ? 5 : t == DT_Q4_0 ? 6 : -1;
     switch (t) {
-    case DT_F32:  return l == WL_ROWS ? 0 : -1;
-    case DT_F16:  return l == WL_ROWS ? 1 : -1;
-    case DT_BF16: return l == WL_ROWS ? 2 : -1;
-    case DT_Q8_0: return l == WL_ROWS ? 3 : 5;
-    case DT_Q4_0: return l == WL_ROWS ? 4 : 6;
-    default:      break;
+    case DT_F32:    return 0;
+    case DT_F16:    return 1;
+    case DT_BF16:   return 2;
+    case DT_Q8_0:   return 3;
+    case DT_Q4_0:   return 4;
+    case DT_Q4_1:   return 7;
+    case DT_Q5_0:   return 8;
+    case DT_Q5_1:   return 9;
+    case DT_Q2_K:   return 10;
+    case DT_Q3_K:   return 11;
+    case DT_Q4_K:   return 12;
+    case DT_Q5_K:   return 13;
+    case DT_Q6_K:   return 14;
+    case DT_IQ4_NL: return 15;
+    case DT_IQ4_XS: return 16;
+    default:        break;
     }
     return -1;
 }
@@ -111,5 +129,20 @@ extern const CpuVec cpu_vec_ref;
 extern const CpuVec cpu_vec_avx2;
 extern const CpuVec cpu_vec_avx512;
 extern const CpuVec cpu_vec_neon;
+
+/* The entry that multiplies slot s for table v: v's own, or ref.c's where
+ * v has no gemm for a stored (WL_ROWS) slot, so every set runs every type
+ * (at the scalar speed until it gets its own kernel). A WL_X16 slot is v's
+ * own: gemm NULL there means v does not read the layout. NULL for s < 0
+ * (vec_slot's unsupported type). */
+static inline const CpuGemm *vec_gemm(const CpuVec *v, int s) {
+    if (s < 0 || s >= VEC_SLOTS) return NULL;
+    if (v->mm[s].gemm != NULL || s == vec_slot(DT_Q8_0, WL_X16)
+        || s == vec_slot(DT_Q4_0, WL_X16))
+    {
+        return &v->mm[s];
+    }
+    return &cpu_vec_ref.mm[s];
+}
 
 #endif
