@@ -28,6 +28,10 @@ use POSIX ();
 
 our ($TMP, $MODEL);
 
+# Pieces may be cut inside a UTF-8 sequence (llama-top-logits prints them
+# raw): lines are decoded as bytes, and only ids and logits are compared.
+my $JSON = JSON::PP->new->utf8(0);
+
 # The weight types compared: [llama-quantize type name, pure]. Pure
 # (--pure) stores every matrix in the type itself; otherwise llama.cpp's
 # mix for that name (Q4_K_M: Q4_K with some Q6_K, ...). only: a
@@ -149,7 +153,7 @@ sub llama_steps {
     my ($rc, $out, $err) = run_cmd({ LLAMA_FA => 'off' },
         "$bin/llama-top-logits", $model, $n, 2, $prompt);
     die "llama-top-logits failed on $model:\n$err\n" if $rc != 0;
-    return [ map { decode_json($_) } grep { /^\{/ } split /\n/, $out ];
+    return [ map { $JSON->decode($_) } grep { /^\{/ } split /\n/, $out ];
 }
 
 # Ours, the same way: `generate --top-logits 2`.
@@ -159,7 +163,8 @@ sub our_steps {
         'generate', '--model', $model, '--prompt', $prompt,
         '--max-tokens', $n, '--temperature', 0, '--top-logits', 2, @extra);
     return (undef, $err) if $rc != 0;
-    return ([ map { decode_json($_) } grep { /^\{/ } split /\n/, $err ], '');
+    return ([ map { $JSON->decode($_) } grep { /^\{/ } split /\n/, $err ],
+            '');
 }
 
 # Compares two step lists. Returns a hash: same (1 when every token
