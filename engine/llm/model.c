@@ -304,6 +304,7 @@ static int bind_matrix(const Model *m, const char *name, int64_t rows,
     out->cols = t->ne[0];
     out->row_bytes = dtype_row_bytes(out->type, out->cols);
     out->data = t->data;
+    out->layout = WL_ROWS;
     return 0;
 }
 

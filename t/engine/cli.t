@@ -307,7 +307,7 @@ one_line_error('make-model bad shape', 'multiples of 32 for q8_0',
                'make-model', '--out', "$T/x.gguf", '--arch', 'llama',
                '--dim', 48, '--layers', 1, '--heads', 4, '--ffn', 64,
                '--type', 'q8_0', '--vocab-from', $M);
-one_line_error('make-model bad arch', '--arch must be llama or qwen2',
+one_line_error('make-model bad arch', '--arch must be llama, qwen2, qwen3',
                'make-model', '--out', "$T/x.gguf", '--arch', 'gpt2',
                '--dim', 64, '--layers', 1, '--heads', 4, '--ffn', 64,
                '--type', 'f32', '--vocab-from', $M);
