@@ -518,12 +518,15 @@ static DType parse_type(const char *s) {
 static int cmd_make_model(int argc, char **argv) {
     static const char *vals[] = {
         "out", "arch", "dim", "layers", "heads", "kv-heads", "ffn", "type",
-        "vocab-from", "seed", "ctx", NULL
+        "vocab-from", "seed", "ctx", "head-dim", "rope-dims", "swa", "std",
+        "rope-scaling", "rope-factor", NULL
     };
-    static const char *flags[] = { "tied", NULL };
+    static const char *flags[] = { "tied", "rope-factors", NULL };
     Opts            o = { .n = 0 };
     MakeModelParams p;
     Err             err;
+
+    memset(&p, 0, sizeof(p));
 
     opts_add(&o, vals, false);
     opts_add(&o, flags, true);
@@ -540,6 +543,13 @@ static int cmd_make_model(int argc, char **argv) {
     p.vocab_from = opt_need(&o, "vocab-from");
     p.seed = (uint64_t) opt_int(&o, "seed", 1, 0, INT64_MAX);
     p.tied = opt_flag(&o, "tied");
+    p.head_dim = (int) opt_int(&o, "head-dim", 0, 0, 512);
+    p.rope_dims = (int) opt_int(&o, "rope-dims", 0, 0, 512);
+    p.swa = (int) opt_int(&o, "swa", 0, 0, 1 << 30);
+    p.std = opt_float(&o, "std", 0.02f, 1e-6f, 10.0f);
+    p.rope_scaling = opt_str(&o, "rope-scaling", NULL);
+    p.rope_factor = opt_float(&o, "rope-factor", 4.0f, 1.0f, 1024.0f);
+    p.rope_factors = opt_flag(&o, "rope-factors");
     if (make_model(&p, &err) != 0) die("%s", err.msg);
     return 0;
 }
@@ -887,10 +897,14 @@ static void usage(FILE *f) {
           "             [--threads N] [--isa ...] [--mmap]   (prints JSON)\n"
           "  tokenize   --model PATH --text TEXT [--no-bos] "
           "[--parse-special]\n"
-          "  make-model --out PATH --arch llama|qwen2 --dim D --layers L\n"
-          "             --heads H --kv-heads K --ffn F\n"
+          "  make-model --out PATH --arch llama|qwen2|qwen3|gemma|gemma2|"
+          "gemma3|phi3\n"
+          "             --dim D --layers L --heads H --kv-heads K --ffn F\n"
           "             --type f32|f16|bf16|q8_0|q4_0 --vocab-from GGUF\n"
-          "             [--seed S] [--ctx N] [--tied]\n"
+          "             [--seed S] [--ctx N] [--tied] [--std 0.02]\n"
+          "             [--head-dim N] [--rope-dims N] [--swa N]\n"
+          "             [--rope-scaling linear|yarn --rope-factor F]\n"
+          "             [--rope-factors]   (phi3 long/short factors)\n"
           "  serve      --model PATH --socket PATH [--model-name NAME]\n"
           "             [--threads N] [--isa ...] [--mmap] [--ctx N]\n"
           "             [--max-batch-tokens 512] [--max-seqs 64]\n"

@@ -63,6 +63,12 @@ typedef enum {
     ROPE_NEOX = 2,          // rotate halves (x[i], x[i+n_rot/2]): qwen2
 } RopeMode;
 
+/* The angle of pair i at position p follows ggml's rope: theta =
+ * freq_scale * p * base^(-2i/n_rot) / freq_factors[i]. With ext_factor != 0
+ * (YaRN) it is mixed with the unscaled angle by a ramp over the pairs
+ * between the correction dims of beta_fast and beta_slow (computed from
+ * n_ctx_orig), and cos/sin are multiplied by attn_factor * (1 + 0.1 *
+ * ln(1 / freq_scale)); without it by attn_factor alone. */
 typedef struct {
     RopeMode     mode;
     int          n_rot;         // dimensions rotated per head (<= head_dim)
@@ -70,7 +76,20 @@ typedef struct {
     float        freq_scale;    // linear position scaling, 1 = none
     const float *freq_factors;  // (n_rot/2,) or NULL: per-frequency divisors
                                 // (llama 3.1 rope_freqs), borrowed
+    float        ext_factor;    // YaRN extrapolation mix, 0 = off
+    float        attn_factor;   // magnitude scale of cos/sin, 1 = none
+    float        beta_fast;     // YaRN correction range (32 and 1 in
+    float        beta_slow;     //   llama.cpp)
+    int          n_ctx_orig;    // YaRN: the context trained before scaling
 } RopeParams;
+
+/* Attention options beyond plain causal softmax. */
+typedef struct {
+    float scale;        // score = scale * q . k
+    float softcap;      // > 0: score = softcap * tanh(score) (gemma2)
+    int   window;       // > 0: only the last window positions, the token's
+                        //   own included (sliding-window layers)
+} AttnParams;
 
 #define MM_MAX_FUSED 3           // matrices one matmul_n call takes
 
@@ -124,15 +143,32 @@ struct Backend {
                      const float *v, const TokenBatch *b);
 
     /* Causal attention. For each token t and head h: out[t][h] =
-     * softmax(scale * q[t][h] . K[0..pos[t]]) . V[0..pos[t]], reading K and
-     * V of kv head h / (n_heads / n_kv_heads) through t's block table.
-     * q, out: (n, n_heads * head_dim). kv_store for the batch comes first. */
+     * softmax(score(q[t][h], K[s..pos[t]])) . V[s..pos[t]], reading K and
+     * V of kv head h / (n_heads / n_kv_heads) through t's block table;
+     * s = 0, or pos[t] - window + 1 with a window; score as AttnParams
+     * says. q, out: (n, n_heads * head_dim). kv_store for the batch comes
+     * first. */
     void (*attention)(Backend *be, float *out, const float *q, int n_heads,
-                      const KVLayer *kv, const TokenBatch *b, float scale);
+                      const KVLayer *kv, const TokenBatch *b,
+                      const AttnParams *p);
 
     /* out (n,) = silu(gate) * up, elementwise; out may equal gate. */
     void (*swiglu)(Backend *be, float *out, const float *gate,
                    const float *up, int64_t n);
+
+    /* out (n,) = gelu(gate) * up, elementwise (GeGLU); out may equal
+     * gate. gelu is the tanh approximation as ggml's CPU backend computes
+     * it: through f16 (gate rounded to f16, gelu rounded to f16), 0 below
+     * -10 and the identity above 10. */
+    void (*geglu)(Backend *be, float *out, const float *gate,
+                  const float *up, int64_t n);
+
+    /* x (n,) = cap * tanh(x * (1/cap)): gemma2's final logit soft-capping,
+     * in ggml's order of operations. */
+    void (*softcap)(Backend *be, float *x, int64_t n, float cap);
+
+    /* x (n,) *= s. */
+    void (*scale)(Backend *be, float *x, int64_t n, float s);
 
     /* Releases the backend and its ctx. */
     void (*free)(Backend *be);

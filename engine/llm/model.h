@@ -1,11 +1,31 @@
 /* model.h -- a llama-family transformer loaded from GGUF, and its forward
  * pass.
  *
- * Architectures follow llama.cpp's GGUF conventions:
- *   llama  Llama 2/3, Mistral, TinyStories, SmolLM: RMSNorm, GQA attention
- *          with RoPE on adjacent pairs (the converter permutes Q/K rows for
- *          this), SwiGLU FFN, optional rope_freqs (llama 3.1 scaling).
- *   qwen2  the same with Q/K/V biases and RoPE on halves (NEOX layout).
+ * Architectures follow llama.cpp's GGUF conventions (tensor names,
+ * metadata keys and their defaults, the graph its src/models/<arch>.cpp
+ * builds):
+ *   llama   Llama 2/3, Mistral, TinyStories, SmolLM: RMSNorm, GQA attention
+ *           with RoPE on adjacent pairs (the converter permutes Q/K rows for
+ *           this), SwiGLU FFN, optional rope_freqs (llama 3.1 scaling).
+ *   qwen2   the same with Q/K/V biases and RoPE on halves (NEOX layout).
+ *   qwen3   qwen2 without biases, with a per-head RMSNorm of Q and K before
+ *           RoPE.
+ *   gemma   embeddings scaled by sqrt(dim), queries pre-scaled, GeGLU FFN,
+ *           output tied to the embedding, NEOX RoPE; head_dim may differ
+ *           from dim / heads (attention.key_length).
+ *   gemma2  gemma plus attention and final logit soft-capping, RMSNorm of
+ *           the attention and FFN outputs, sliding-window attention on
+ *           every other layer (from layer 0).
+ *   gemma3  gemma2 without soft-capping (final capping only if the file
+ *           says), per-head Q/K norms, five sliding-window layers to one
+ *           global, local layers on their own RoPE base (10000 unless
+ *           rope.freq_base_swa) and unscaled.
+ *   phi3    fused QKV and gate/up matrices (bound as row views, no copy),
+ *           NEOX RoPE over n_rot dims, rope_factors_short/long per context
+ *           length; its sliding window is ignored, as llama.cpp does.
+ * RoPE scaling: linear, yarn (ggml's rope_yarn), longrope (the factors),
+ * llama3 (rope_freqs). The converters already add gemma's 1 to its norm
+ * weights, so every norm multiplies by the stored weight.
  * When `output.weight` is absent the output projection is the token
  * embedding (tied). Weights stay as the file has them, mapped or copied
  * whole into huge-page memory (GGUFLoad), in their own type (F32, F16,
@@ -31,6 +51,11 @@
 typedef enum {
     ARCH_LLAMA,
     ARCH_QWEN2,
+    ARCH_QWEN3,
+    ARCH_GEMMA,
+    ARCH_GEMMA2,
+    ARCH_GEMMA3,
+    ARCH_PHI3,
 } Arch;
 
 typedef struct {
@@ -44,7 +69,20 @@ typedef struct {
     int      n_vocab;
     int      n_ctx;         // trained context length
     float    norm_eps;
-    RopeParams rope;        // freq_factors borrowed from the mapping
+    RopeParams rope;        // global layers; freq_factors borrowed
+    RopeParams rope_swa;    // sliding-window layers
+    /* what a family changes in the llama block (model.h's top) */
+    bool     qkv_bias;      // Q/K/V biases (qwen2)
+    bool     qk_norm;       // per-head RMSNorm of Q and K before RoPE
+    bool     post_norms;    // RMSNorm of attention and FFN outputs
+    bool     geglu;         // GELU-gated FFN instead of SwiGLU
+    float    embed_scale;   // embeddings multiplied by this, 1 = none
+    float    q_scale;       // > 0: queries multiplied by this and scores
+                            //   not scaled; 0: scores by 1/sqrt(head_dim)
+    float    attn_softcap;  // > 0: scores soft-capped at this
+    float    final_softcap; // > 0: logits soft-capped at this
+    int      n_swa;         // sliding window in positions, 0 = none
+    int      swa_pattern;   // layer l slides iff l % p < p - 1 (p = 0: all)
 } ModelConfig;
 
 typedef struct {
@@ -53,6 +91,10 @@ typedef struct {
     Matrix       wk;            // (n_kv_heads*head_dim, dim)
     Matrix       wv;            // (n_kv_heads*head_dim, dim)
     const float *bq, *bk, *bv;  // qwen2 biases or NULL
+    const float *q_norm;        // (head_dim,) or NULL (qk_norm)
+    const float *k_norm;        // (head_dim,) or NULL
+    const float *attn_post_norm;// (dim,) or NULL (post_norms)
+    const float *ffn_post_norm; // (dim,) or NULL
     Matrix       wo;            // (dim, n_heads*head_dim)
     const float *ffn_norm;      // (dim,)
     Matrix       w_gate;        // (ffn_dim, dim)
@@ -67,6 +109,8 @@ typedef struct {
     Matrix        output;       // (n_vocab, dim); tok_embd when tied
     const float  *output_norm;  // (dim,)
     LayerWeights *layers;       // (n_layers,), owned
+    const float  *rope_long;    // (n_rot/2,) phi3 factors past n_ctx_orig,
+    const float  *rope_short;   //   and within it; NULL if none
     float       **f32_copies;   // (n_copies,) f32 copies of 1-D tensors
     int           n_copies;     //   stored as f16/bf16, owned (usually 0)
     uint64_t      weight_bytes; // bytes of weights one token reads
@@ -83,6 +127,12 @@ int  model_load(Model *m, const char *path, GGUFLoad how, Err *err);
  * (GGUF_MAP) is left as stored. Can't fail. */
 void model_repack(Model *m, Backend *be);
 void model_free(Model *m);
+/* Picks what depends on the context the model will run with: phi3's long
+ * RoPE factors when n_ctx exceeds the original context, as llama.cpp
+ * does, else the short ones. Call before the first forward. Can't fail. */
+void model_use_context(Model *m, int64_t n_ctx);
+/* Whether layer l attends through a sliding window. */
+bool model_layer_swa(const ModelConfig *c, int l);
 
 /* Activations for up to max_tokens tokens per forward call, of which at most
  * max_out get logits. */

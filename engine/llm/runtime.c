@@ -53,6 +53,7 @@ int runtime_backend(Runtime *rt, int n_threads, const char *isa,
     bc.max_ctx = max_ctx;
     rt->be = backend_cpu_new(&bc, msg, sizeof(msg));
     if (rt->be == NULL) return err_set(err, "%s", msg);
+    model_use_context(&rt->m, max_ctx);
     model_repack(&rt->m, rt->be);
     return 0;
 }

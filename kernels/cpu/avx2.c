@@ -733,4 +733,6 @@ const CpuVec cpu_vec_avx2 = {
     .exp_sum = avx2_exp_sum,
     .add = avx2_add,
     .scale = avx2_scale,
+    .gelu_mul = avx2_gelu_mul,
+    .tanh_scale = avx2_tanh_scale,
 };

@@ -75,5 +75,8 @@ void avx2_silu_mul(float *y, const float *g, const float *u, int64_t n);
 float avx2_exp_sum(float *y, const float *x, float max, int64_t n);
 void avx2_add(float *y, const float *x, int64_t n);
 void avx2_scale(float *y, float s, int64_t n);
+void avx2_gelu_mul(float *y, const float *g, const float *u, int64_t n);
+void avx2_tanh_scale(float *y, const float *x, float s_in, float s_out,
+                   int64_t n);
 
 #endif

@@ -304,3 +304,80 @@ void avx2_scale(float *y, float s, int64_t n) {
     for (; i < n; i++) y[i] *= s;
 }
 
+
+
+/* ---- GeGLU and soft-capping ------------------------------------------------ */
+
+/* tanh within a few ulp: Cephes' odd polynomial below |x| = 0.625, where
+ * 1 - 2 / (e^2x + 1) would lose bits to cancellation, that formula above
+ * (exp8's clamp makes it exactly +-1 far out). */
+INLINE __m256 tanh8(__m256 x) {
+    __m256 z = _mm256_mul_ps(x, x), p, small, e, big, ax;
+
+    p = _mm256_set1_ps(-5.70498872745e-3f);
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(2.06390887954e-2f));
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-5.37397155531e-2f));
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(1.33314422036e-1f));
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-3.33332819422e-1f));
+    small = _mm256_fmadd_ps(_mm256_mul_ps(p, z), x, x);
+    e = exp8(_mm256_add_ps(x, x));
+    big = _mm256_sub_ps(_mm256_set1_ps(1.0f), _mm256_div_ps(
+        _mm256_set1_ps(2.0f), _mm256_add_ps(e, _mm256_set1_ps(1.0f))));
+    ax = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);
+    return _mm256_blendv_ps(big, small, _mm256_cmp_ps(
+        ax, _mm256_set1_ps(0.625f), _CMP_LT_OQ));
+}
+
+/* ref.c's gelu_mul: gate and gelu rounded to f16 (the table ggml reads),
+ * 0 at or below -10, the identity at or above 10. The tanh differs from
+ * libm's by an ulp or two, which the f16 rounding nearly always hides. */
+INLINE __m256 gelu_mul8(__m256 g, __m256 u) {
+    __m256 xh = _mm256_cvtph_ps(_mm256_cvtps_ph(g, _MM_FROUND_TO_NEAREST_INT));
+    __m256 in = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(
+        0.79788456080286535587989211986876f), xh), _mm256_add_ps(
+        _mm256_set1_ps(1.0f), _mm256_mul_ps(_mm256_mul_ps(
+        _mm256_set1_ps(0.044715f), xh), xh)));
+    __m256 gl = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), xh),
+                              _mm256_add_ps(_mm256_set1_ps(1.0f), tanh8(in)));
+    __m256 r;
+
+    gl = _mm256_cvtph_ps(_mm256_cvtps_ph(gl, _MM_FROUND_TO_NEAREST_INT));
+    r = _mm256_mul_ps(gl, u);
+    r = _mm256_blendv_ps(r, _mm256_mul_ps(g, u), _mm256_cmp_ps(
+        g, _mm256_set1_ps(10.0f), _CMP_GE_OQ));
+    return _mm256_andnot_ps(_mm256_cmp_ps(g, _mm256_set1_ps(-10.0f),
+                                          _CMP_LE_OQ), r);
+}
+
+void avx2_gelu_mul(float *y, const float *g, const float *u, int64_t n) {
+    int64_t i = 0;
+
+    for (; i + 8 <= n; i += 8) {
+        _mm256_storeu_ps(y + i, gelu_mul8(_mm256_loadu_ps(g + i),
+                                          _mm256_loadu_ps(u + i)));
+    }
+    if (i < n) {
+        __m256i m = tail8(n - i);
+
+        _mm256_maskstore_ps(y + i, m, gelu_mul8(_mm256_maskload_ps(g + i, m),
+                                                _mm256_maskload_ps(u + i, m)));
+    }
+}
+
+void avx2_tanh_scale(float *y, const float *x, float s_in, float s_out,
+                     int64_t n)
+{
+    __m256  vi = _mm256_set1_ps(s_in), vo = _mm256_set1_ps(s_out);
+    int64_t i = 0;
+
+    for (; i + 8 <= n; i += 8) {
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(vo, tanh8(_mm256_mul_ps(
+            _mm256_loadu_ps(x + i), vi))));
+    }
+    if (i < n) {
+        __m256i m = tail8(n - i);
+
+        _mm256_maskstore_ps(y + i, m, _mm256_mul_ps(vo, tanh8(_mm256_mul_ps(
+            _mm256_maskload_ps(x + i, m), vi))));
+    }
+}

@@ -758,4 +758,6 @@ const CpuVec cpu_vec_avx512 = {
     .exp_sum = avx512_exp_sum,
     .add = avx512_add,
     .scale = avx512_scale,
+    .gelu_mul = avx512_gelu_mul,
+    .tanh_scale = avx512_tanh_scale,
 };

@@ -88,5 +88,8 @@ void avx512_silu_mul(float *y, const float *g, const float *u, int64_t n);
 float avx512_exp_sum(float *y, const float *x, float max, int64_t n);
 void avx512_add(float *y, const float *x, int64_t n);
 void avx512_scale(float *y, float s, int64_t n);
+void avx512_gelu_mul(float *y, const float *g, const float *u, int64_t n);
+void avx512_tanh_scale(float *y, const float *x, float s_in, float s_out,
+                   int64_t n);
 
 #endif

@@ -302,3 +302,77 @@ void avx512_scale(float *y, float s, int64_t n) {
     for (; i < n; i++) y[i] *= s;
 }
 
+
+
+/* ---- GeGLU and soft-capping ------------------------------------------------ */
+
+/* avx2_ops.c's tanh8 and gelu_mul8, 16 lanes wide. */
+INLINE __m512 tanh16(__m512 x) {
+    __m512 z = _mm512_mul_ps(x, x), p, small, e, big;
+
+    p = _mm512_set1_ps(-5.70498872745e-3f);
+    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(2.06390887954e-2f));
+    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(-5.37397155531e-2f));
+    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(1.33314422036e-1f));
+    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(-3.33332819422e-1f));
+    small = _mm512_fmadd_ps(_mm512_mul_ps(p, z), x, x);
+    e = exp16(_mm512_add_ps(x, x));
+    big = _mm512_sub_ps(_mm512_set1_ps(1.0f), _mm512_div_ps(
+        _mm512_set1_ps(2.0f), _mm512_add_ps(e, _mm512_set1_ps(1.0f))));
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(
+        _mm512_abs_ps(x), _mm512_set1_ps(0.625f), _CMP_LT_OQ), big, small);
+}
+
+INLINE __m512 gelu_mul16(__m512 g, __m512 u) {
+    __m512 xh = _mm512_cvtph_ps(_mm512_cvtps_ph(g, _MM_FROUND_TO_NEAREST_INT));
+    __m512 in = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(
+        0.79788456080286535587989211986876f), xh), _mm512_add_ps(
+        _mm512_set1_ps(1.0f), _mm512_mul_ps(_mm512_mul_ps(
+        _mm512_set1_ps(0.044715f), xh), xh)));
+    __m512 gl = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), xh),
+                              _mm512_add_ps(_mm512_set1_ps(1.0f),
+                                            tanh16(in)));
+    __m512 r;
+
+    gl = _mm512_cvtph_ps(_mm512_cvtps_ph(gl, _MM_FROUND_TO_NEAREST_INT));
+    r = _mm512_mul_ps(gl, u);
+    r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(g, _mm512_set1_ps(10.0f),
+                                                _CMP_GE_OQ), r,
+                             _mm512_mul_ps(g, u));
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(g, _mm512_set1_ps(-10.0f),
+                                                   _CMP_LE_OQ), r,
+                                _mm512_setzero_ps());
+}
+
+void avx512_gelu_mul(float *y, const float *g, const float *u, int64_t n) {
+    int64_t i = 0;
+
+    for (; i + 16 <= n; i += 16) {
+        _mm512_storeu_ps(y + i, gelu_mul16(_mm512_loadu_ps(g + i),
+                                           _mm512_loadu_ps(u + i)));
+    }
+    if (i < n) {
+        __mmask16 m = tail16(n - i);
+
+        _mm512_mask_storeu_ps(y + i, m, gelu_mul16(
+            _mm512_maskz_loadu_ps(m, g + i), _mm512_maskz_loadu_ps(m, u + i)));
+    }
+}
+
+void avx512_tanh_scale(float *y, const float *x, float s_in, float s_out,
+                       int64_t n)
+{
+    __m512  vi = _mm512_set1_ps(s_in), vo = _mm512_set1_ps(s_out);
+    int64_t i = 0;
+
+    for (; i + 16 <= n; i += 16) {
+        _mm512_storeu_ps(y + i, _mm512_mul_ps(vo, tanh16(_mm512_mul_ps(
+            _mm512_loadu_ps(x + i), vi))));
+    }
+    if (i < n) {
+        __mmask16 m = tail16(n - i);
+
+        _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(vo, tanh16(
+            _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), vi))));
+    }
+}

@@ -126,6 +126,7 @@ typedef struct {
     const float *x, *w, *y;
     int64_t      dim;
     float        eps;
+    float        scale;         // scale and softcap's factor
 } EwArgs;
 
 static void rmsnorm_rows(const CpuCtx *c, void *p, int64_t r0, int64_t r1) {
@@ -197,6 +198,72 @@ static void cpu_swiglu(Backend *be, float *out, const float *gate,
     if (rows > 0) run_rows(c, swiglu_rows, &a, rows, 1024);
     if (tail > 0) c->vec->silu_mul(out + rows * 1024, gate + rows * 1024,
                                    up + rows * 1024, tail);
+}
+
+
+/* ---- geglu, softcap, scale (gemma) ------------------------------------------
+ * Flat elementwise ops, split like swiglu as rows of 1024. */
+
+typedef void (*FlatFn)(const CpuCtx *c, const EwArgs *a, int64_t off,
+                       int64_t n);
+
+typedef struct {
+    EwArgs a;
+    FlatFn fn;
+} FlatJob;
+
+static void flat_rows(const CpuCtx *c, void *p, int64_t r0, int64_t r1) {
+    FlatJob *j = p;
+
+    j->fn(c, &j->a, r0 * 1024, (r1 - r0) * 1024);
+}
+
+static void run_flat(const CpuCtx *c, FlatFn fn, const EwArgs *a, int64_t n)
+{
+    FlatJob j = { *a, fn };
+    int64_t rows = n / 1024;
+
+    if (rows > 0) run_rows(c, flat_rows, &j, rows, 1024);
+    if (n > rows * 1024) fn(c, a, rows * 1024, n - rows * 1024);
+}
+
+static void geglu_flat(const CpuCtx *c, const EwArgs *a, int64_t off,
+                       int64_t n)
+{
+    c->vec->gelu_mul(a->out + off, a->x + off, a->y + off, n);
+}
+
+static void cpu_geglu(Backend *be, float *out, const float *gate,
+                      const float *up, int64_t n)
+{
+    EwArgs a = { .out = out, .x = gate, .y = up };
+
+    run_flat(be->ctx, geglu_flat, &a, n);
+}
+
+/* eps carries 1/cap, scale the cap */
+static void softcap_flat(const CpuCtx *c, const EwArgs *a, int64_t off,
+                         int64_t n)
+{
+    c->vec->tanh_scale(a->out + off, a->out + off, a->eps, a->scale, n);
+}
+
+static void cpu_softcap(Backend *be, float *x, int64_t n, float cap) {
+    EwArgs a = { .out = x, .eps = 1.0f / cap, .scale = cap };
+
+    run_flat(be->ctx, softcap_flat, &a, n);
+}
+
+static void scale_flat(const CpuCtx *c, const EwArgs *a, int64_t off,
+                       int64_t n)
+{
+    c->vec->scale(a->out + off, a->scale, n);
+}
+
+static void cpu_scale(Backend *be, float *x, int64_t n, float s) {
+    EwArgs a = { .out = x, .scale = s };
+
+    run_flat(be->ctx, scale_flat, &a, n);
 }
 
 
@@ -443,26 +510,57 @@ typedef struct {
     const RopeParams *p;
 } RopeArgs;
 
-/* Angles follow ggml: theta_i = pos * base^(-2i/n_rot), computed by repeated
- * multiplication, divided by the frequency factor and scaled linearly. */
+/* ggml's YaRN correction dims: the pair indices where the rotation
+ * count over n_ctx_orig positions crosses beta_fast and beta_slow. */
+static void rope_corr_dims(const RopeParams *p, float dims[2]) {
+    float n = (float) p->n_rot, two_pi = 2.0f * (float) M_PI;
+    float lo = n * logf((float) p->n_ctx_orig / (p->beta_fast * two_pi))
+               / (2.0f * logf(p->freq_base));
+    float hi = n * logf((float) p->n_ctx_orig / (p->beta_slow * two_pi))
+               / (2.0f * logf(p->freq_base));
+
+    dims[0] = fmaxf(0.0f, floorf(lo));
+    dims[1] = fminf(n - 1.0f, ceilf(hi));
+}
+
+/* cos and sin of pair i's angle for one position, as ggml's rope_yarn:
+ * theta_extrap = pos * base^(-2i/n_rot) / factor_i, by repeated
+ * multiplication; linearly scaled; with YaRN mixed back towards the
+ * unscaled angle below the correction range, and magnitude-scaled. */
+static void rope_angles(const RopeParams *p, float pos, const float dims[2],
+                        float *cs, float *sn)
+{
+    float theta = pos;
+    float theta_scale = powf(p->freq_base, -2.0f / (float) p->n_rot);
+    float mscale = p->attn_factor;
+
+    if (p->ext_factor != 0.0f) mscale *= 1.0f + 0.1f * logf(1.0f
+                                                            / p->freq_scale);
+    for (int i = 0; i < p->n_rot / 2; i++) {
+        float ff = p->freq_factors ? p->freq_factors[i] : 1.0f;
+        float extrap = theta / ff, th = p->freq_scale * extrap;
+
+        if (p->ext_factor != 0.0f) {
+            float y = ((float) i - dims[0]) / fmaxf(0.001f, dims[1] - dims[0]);
+            float mix = (1.0f - fminf(1.0f, fmaxf(0.0f, y))) * p->ext_factor;
+
+            th = th * (1.0f - mix) + extrap * mix;
+        }
+        cs[i] = cosf(th) * mscale;
+        sn[i] = sinf(th) * mscale;
+        theta *= theta_scale;
+    }
+}
+
 static void rope_rows(const CpuCtx *c, void *p, int64_t r0, int64_t r1) {
     RopeArgs *a = p;
     int       half = a->p->n_rot / 2;
-    float     theta_scale = powf(a->p->freq_base, -2.0f / (float) a->p->n_rot);
-    float     cs[256], sn[256];
+    float     cs[256], sn[256], dims[2] = { 0.0f, 0.0f };
 
     (void) c;
+    if (a->p->ext_factor != 0.0f) rope_corr_dims(a->p, dims);
     for (int64_t t = r0; t < r1; t++) {
-        float theta = (float) a->pos[t];
-
-        for (int i = 0; i < half; i++) {
-            float ff = a->p->freq_factors ? a->p->freq_factors[i] : 1.0f;
-            float th = a->p->freq_scale * (theta / ff);
-
-            cs[i] = cosf(th);
-            sn[i] = sinf(th);
-            theta *= theta_scale;
-        }
+        rope_angles(a->p, (float) a->pos[t], dims, cs, sn);
         for (int h = 0; h < a->n_heads; h++) {
             float *v = a->x + (t * a->n_heads + h) * a->head_dim;
 
@@ -523,7 +621,7 @@ typedef struct {
     int               n_heads;
     const KVLayer    *kv;
     const TokenBatch *b;
-    float             scale;
+    AttnParams        p;
 } AttnJob;
 
 /* scores[r] = scale * q . k_r over n consecutive key rows; returns the
@@ -553,35 +651,50 @@ static void attn_mix(const CpuVec *vec, float *out, const float *p,
     for (int64_t r = 0; r < n; r++) vec->axpy_f16(out, p[r], v + r * hd, hd);
 }
 
-/* One (token, head): scores over positions 0..pos, softmax, weighted sum of
- * values. Both passes walk the block table a block at a time (a block's
- * rows of one head are contiguous), in position order. */
+/* The largest of n scores: after soft-capping, which moves it. */
+static float scores_max(const float *s, int64_t n) {
+    float max = -INFINITY;
+
+    for (int64_t r = 0; r < n; r++) max = s[r] > max ? s[r] : max;
+    return max;
+}
+
+/* One (token, head): scores over positions first..pos (first = 0, or the
+ * window's start), softmax, weighted sum of values. Both passes walk the
+ * block table a run of contiguous rows at a time (a block's rows of one
+ * head are contiguous), in position order; where runs start depends only
+ * on the token's position, never on its batch. */
 static void attn_one(AttnJob *j, float *scores, int64_t t, int h) {
     const CpuVec  *vec = j->c->vec;
     const KVLayer *kv = j->kv;
     int            hd = kv->head_dim, bs = kv->block_size;
     int            kvh = h / (j->n_heads / kv->n_kv_heads);
-    int32_t        npos = j->b->pos[t] + 1;
+    int32_t        npos = j->b->pos[t] + 1, first = 0, p, n;
     const int32_t *bt = j->b->block_table[t];
     const float   *q = j->q + (t * j->n_heads + h) * hd;
     float         *out = j->out + (t * j->n_heads + h) * hd;
     float          max = -INFINITY, sum;
 
-    for (int32_t p = 0; p < npos; p += bs) {
-        int64_t n = npos - p < bs ? npos - p : bs;
-        float   m = attn_scores(vec, scores + p, q,
-                                kv->k + kv_offset(kv, bt[p / bs], kvh, 0),
-                                n, hd, j->scale);
+    if (j->p.window > 0 && npos > j->p.window) first = npos - j->p.window;
+    for (p = first; p < npos; p += n) {
+        float m;
 
+        n = bs - p % bs < npos - p ? bs - p % bs : npos - p;
+        m = attn_scores(vec, scores + (p - first), q,
+                        kv->k + kv_offset(kv, bt[p / bs], kvh, p % bs),
+                        n, hd, j->p.scale);
         max = m > max ? m : max;
     }
-    sum = vec->exp_sum(scores, scores, max, npos);
+    if (j->p.softcap > 0.0f) {
+        vec->tanh_scale(scores, scores, 1.0f, j->p.softcap, npos - first);
+        max = scores_max(scores, npos - first);
+    }
+    sum = vec->exp_sum(scores, scores, max, npos - first);
     memset(out, 0, (size_t) hd * sizeof(float));
-    for (int32_t p = 0; p < npos; p += bs) {
-        int64_t n = npos - p < bs ? npos - p : bs;
-
-        attn_mix(vec, out, scores + p,
-                 kv->v + kv_offset(kv, bt[p / bs], kvh, 0), n, hd);
+    for (p = first; p < npos; p += n) {
+        n = bs - p % bs < npos - p ? bs - p % bs : npos - p;
+        attn_mix(vec, out, scores + (p - first),
+                 kv->v + kv_offset(kv, bt[p / bs], kvh, p % bs), n, hd);
     }
     vec->scale(out, 1.0f / sum, hd);
 }
@@ -605,9 +718,9 @@ static void attn_worker(void *p, int64_t i, int ith) {
 
 static void cpu_attention(Backend *be, float *out, const float *q,
                           int n_heads, const KVLayer *kv, const TokenBatch *b,
-                          float scale)
+                          const AttnParams *p)
 {
-    AttnJob j = { be->ctx, out, q, n_heads, kv, b, scale };
+    AttnJob j = { be->ctx, out, q, n_heads, kv, b, *p };
 
     tp_run(((CpuCtx *) be->ctx)->tp, attn_worker, &j,
            b->n * kv->n_kv_heads);
@@ -760,6 +873,9 @@ Backend *backend_cpu_new(const BackendConfig *cfg, char *err, size_t errlen) {
     be->kv_store = cpu_kv_store;
     be->attention = cpu_attention;
     be->swiglu = cpu_swiglu;
+    be->geglu = cpu_geglu;
+    be->softcap = cpu_softcap;
+    be->scale = cpu_scale;
     return be;
 
 oom:

@@ -503,4 +503,7 @@ const CpuVec cpu_vec_neon = {
     .exp_sum = exp_sum,
     .add = add,
     .scale = scale,
+    /* GeGLU and soft-capping are rare and cheap next to matmul: scalar */
+    .gelu_mul = ref_gelu_mul,
+    .tanh_scale = ref_tanh_scale,
 };

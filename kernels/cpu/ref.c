@@ -313,6 +313,40 @@ static void scale(float *y, float s, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] *= s;
 }
 
+/* ggml's gelu (tanh approximation) with its constants and order of
+ * operations, so that through the f16 rounding below we land on the
+ * entries of its table. */
+static float gelu_tanh(float x) {
+    const float a = 0.044715f, s2pi = 0.79788456080286535587989211986876f;
+
+    return 0.5f * x * (1.0f + tanhf(s2pi * x * (1.0f + a * x * x)));
+}
+
+/* ggml's CPU geglu reads gelu from a table indexed by the f16 bits of g
+ * (entries rounded to f16), clamped outside [-10, 10]; computing the entry
+ * on the fly gives its values without the 128 KiB table. */
+void ref_gelu_mul(float *y, const float *g, const float *u, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float x = g[i];
+
+        if (x <= -10.0f) {
+            y[i] = 0.0f;
+        } else if (x >= 10.0f) {
+            y[i] = x * u[i];
+        } else {
+            float xh = f16_to_f32(f32_to_f16(x));
+
+            y[i] = f16_to_f32(f32_to_f16(gelu_tanh(xh))) * u[i];
+        }
+    }
+}
+
+void ref_tanh_scale(float *y, const float *x, float s_in, float s_out,
+                    int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) y[i] = s_out * tanhf(x[i] * s_in);
+}
+
 const CpuVec cpu_vec_ref = {
     .name = "ref",
     .mm = {
@@ -343,4 +377,6 @@ const CpuVec cpu_vec_ref = {
     .exp_sum = exp_sum,
     .add = add,
     .scale = scale,
+    .gelu_mul = ref_gelu_mul,
+    .tanh_scale = ref_tanh_scale,
 };

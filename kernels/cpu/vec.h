@@ -98,6 +98,11 @@ typedef struct {
     float (*exp_sum)(float *y, const float *x, float max, int64_t n);
     void  (*add)(float *y, const float *x, int64_t n);    // y += x
     void  (*scale)(float *y, float s, int64_t n);         // y *= s
+    /* y = gelu(g) * u, gelu through f16 as kernels.h's geglu says. */
+    void  (*gelu_mul)(float *y, const float *g, const float *u, int64_t n);
+    /* y = s_out * tanh(x * s_in) (soft-capping); y may equal x. */
+    void  (*tanh_scale)(float *y, const float *x, float s_in, float s_out,
+                        int64_t n);
 } CpuVec;
 
 /* Dense slot of a weight type and layout in CpuVec.mm, or -1 when
@@ -124,6 +129,12 @@ static inline int vec_slot(DType t, WLayout l) {
     }
     return -1;
 }
+
+/* ref.c's scalar gelu_mul and tanh_scale, which tables without a vector
+ * version name (neon). */
+void ref_gelu_mul(float *y, const float *g, const float *u, int64_t n);
+void ref_tanh_scale(float *y, const float *x, float s_in, float s_out,
+                    int64_t n);
 
 extern const CpuVec cpu_vec_ref;
 extern const CpuVec cpu_vec_avx2;

@@ -220,6 +220,25 @@ sub check_top_lines {
     is($raw, scalar @l, "sampling: each token's logit is its raw one");
 }
 
+# --- make-model: every family loads and generates ------------------------
+# (test_model checks their logits; llama.cpp agreement is in the commit log)
+for my $arch (qw(qwen3 gemma gemma2 gemma3 phi3)) {
+    for my $type (qw(f32 q8_0)) {
+        my $f = "$T/m-$arch-$type.gguf";
+        my ($rc, $out, $err) = run_engine(
+            'make-model', '--out', $f, '--arch', $arch, '--dim', 64,
+            '--layers', 2, '--heads', 4, '--kv-heads', 2, '--ffn', 128,
+            '--type', $type, '--vocab-from', $M, '--seed', 5, '--swa', 3,
+            '--std', 0.1);
+        is($rc, 0, "make-model $arch $type") or diag $err;
+        ($rc, $out, $err) = run_engine(
+            'generate', '--model', $f, '--prompt', 'Once upon a time',
+            '--max-tokens', 8, '--temperature', 0, '--stats');
+        is($rc, 0, "generate with $arch $type") or diag $err;
+        like($err, qr/generated \d+ /, "$arch $type reports its run");
+    }
+}
+
 # --- make-model: every type loads and generates --------------------------
 for my $type (qw(f32 f16 bf16 q8_0 q4_0)) {
     for my $arch (qw(llama qwen2)) {
@@ -307,7 +326,7 @@ one_line_error('make-model bad shape', 'multiples of 32 for q8_0',
                'make-model', '--out', "$T/x.gguf", '--arch', 'llama',
                '--dim', 48, '--layers', 1, '--heads', 4, '--ffn', 64,
                '--type', 'q8_0', '--vocab-from', $M);
-one_line_error('make-model bad arch', '--arch must be llama or qwen2',
+one_line_error('make-model bad arch', '--arch must be llama, qwen2, qwen3',
                'make-model', '--out', "$T/x.gguf", '--arch', 'gpt2',
                '--dim', 64, '--layers', 1, '--heads', 4, '--ffn', 64,
                '--type', 'f32', '--vocab-from', $M);

@@ -514,6 +514,42 @@ static void test_detect_edges(void **state) {
     assert_int_equal(chat_detect("chatml!", 6, NULL), CHAT_CHATML);
 }
 
+/* Gemma 3's template (google/gemma-3-*-it; llama.cpp's models/templates
+ * has Gemma 2's only): its markers are Gemma's, and nothing earlier in
+ * the chain matches, so llama.cpp renders it as "gemma". Its image items
+ * (<start_of_image>) do not change that. */
+static void test_gemma3_template(void **state) {
+    static const char gemma3[] =
+        "{{ bos_token }}\n"
+        "{%- if messages[0]['role'] == 'system' -%}\n"
+        "    {%- set first_user_prefix = messages[0]['content'][0]['text']"
+        " + '\n\n' -%}\n"
+        "    {%- set loop_messages = messages[1:] -%}\n"
+        "{%- endif -%}\n"
+        "{%- for message in loop_messages -%}\n"
+        "    {%- if (message['role'] == 'assistant') -%}\n"
+        "        {%- set role = \"model\" -%}\n"
+        "    {%- else -%}\n"
+        "        {%- set role = message['role'] -%}\n"
+        "    {%- endif -%}\n"
+        "    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if "
+        "loop.first else \"\") }}\n"
+        "    {%- for item in message['content'] -%}\n"
+        "        {%- if item['type'] == 'image' -%}{{ '<start_of_image>' }}\n"
+        "        {%- elif item['type'] == 'text' -%}"
+        "{{ item['text'] | trim }}{%- endif -%}\n"
+        "    {%- endfor -%}\n"
+        "    {{ '<end_of_turn>\n' }}\n"
+        "{%- endfor -%}\n"
+        "{%- if add_generation_prompt -%}{{'<start_of_turn>model\n'}}"
+        "{%- endif -%}\n";
+    bool known = false;
+
+    (void) state;
+    assert_int_equal(detect_str(gemma3, &known), CHAT_GEMMA);
+    assert_true(known);
+}
+
 static void test_names(void **state) {
     for (int t = CHAT_PLAIN; t <= CHAT_ZEPHYR; t++) {
         bool known;
@@ -585,6 +621,7 @@ int main(void) {
         cmocka_unit_test(test_mistral_v7_tekken),
         cmocka_unit_test(test_plain),
         cmocka_unit_test(test_detect_edges),
+        cmocka_unit_test(test_gemma3_template),
         cmocka_unit_test(test_names),
         cmocka_unit_test(test_roles),
         cmocka_unit_test(test_short_buffer),

@@ -90,6 +90,56 @@ static void test_attn_prims(void **state) {
 /* Elementwise and reduction primitives. Elementwise results must not
  * depend on an element's offset (body or tail): checked by running on
  * every suffix of the array. */
+/* ggml's gelu, in double: ref.c's must land on it through the f16
+ * roundings (an f16 ulp apart at most, where double and float tanh round
+ * the gelu to neighbouring f16 values). */
+static double gelu_plain(double x) {
+    return 0.5 * x * (1.0 + tanh(0.7978845608028654 * x
+                                 * (1.0 + 0.044715 * x * x)));
+}
+
+/* gelu_mul and tanh_scale of every table against ref.c over n elements,
+ * ref.c against plain double formulas, and an element's bits not
+ * depending on its offset. Inputs cover the clamps at +-10 and tanh's two
+ * regimes (|x| below and above 0.625). */
+static void gelu_tanh_case(const Isa *I, const float *x, const float *u,
+                           int64_t n)
+{
+    float a[5000], b[5000];
+
+    I->vec->gelu_mul(a, x, u, n);
+    cpu_vec_ref.gelu_mul(b, x, u, n);
+    assert_nmse("gelu_mul", a, b, n, 1e-7);
+    for (int64_t i = 0; i < n; i++) {
+        double xh = f16_to_f32(f32_to_f16(x[i]));
+        double w = x[i] <= -10.0f ? 0.0 : x[i] >= 10.0f ? (double) x[i] * u[i]
+                   : f16_to_f32(f32_to_f16((float) gelu_plain(xh))) * u[i];
+
+        assert_true(fabs(b[i] - w) <= 1e-3 * fabs(w) + 1e-6);
+    }
+    I->vec->tanh_scale(a, x, 0.2f, 3.0f, n);
+    cpu_vec_ref.tanh_scale(b, x, 0.2f, 3.0f, n);
+    assert_nmse("tanh_scale", a, b, n, NMSE_F32);
+    for (int64_t i = 0; i < n; i++) {
+        assert_true(fabs(b[i] - 3.0 * tanh(x[i] * 0.2f)) <= 1e-6);
+    }
+}
+
+static void gelu_tanh_offsets(const Isa *I, const float *x, const float *u) {
+    float a[300], b[300], c[300], d[300];
+
+    I->vec->gelu_mul(a, x, u, 300);
+    I->vec->tanh_scale(c, x, 0.5f, 2.0f, 300);
+    for (int64_t off = 1; off < 40; off++) {
+        I->vec->gelu_mul(b, x + off, u + off, 300 - off);
+        assert_same_bits("gelu_mul offset", b, a + off,
+                         (size_t) (300 - off) * sizeof(float));
+        I->vec->tanh_scale(d, x + off, 0.5f, 2.0f, 300 - off);
+        assert_same_bits("tanh_scale offset", d, c + off,
+                         (size_t) (300 - off) * sizeof(float));
+    }
+}
+
 static void test_elementwise(void **state) {
     const Isa *I = *state;
     static const int64_t ns[] = { 1, 7, 8, 9, 15, 16, 17, 64, 172, 5000 };
@@ -138,10 +188,12 @@ static void test_elementwise(void **state) {
         I->vec->scale(a, 1.7f, n);
         cpu_vec_ref.scale(b, 1.7f, n);
         assert_same_bits("scale", a, b, (size_t) n * sizeof(float));
+        gelu_tanh_case(I, x, u, n);
     }
 
     I->vec->silu_mul(a, x, u, 300);
     I->vec->exp_sum(c, x, 100.0f, 300);
+    gelu_tanh_offsets(I, x, u);
     for (int64_t off = 1; off < 40; off++) {
         I->vec->silu_mul(b, x + off, u + off, 300 - off);
         assert_same_bits("silu_mul offset", b, a + off,
@@ -228,26 +280,45 @@ static void test_add_bias(void **state) {
     be->free(be);
 }
 
-/* The plain rotation, angles computed as the backend documents (ggml's
- * theta by repeated multiplication). */
+/* The plain rotation, angles computed as kernels.h documents (ggml's
+ * theta by repeated multiplication; YaRN's ramp between the correction
+ * dims, written out from ggml's formula). */
 static void rope_plain(float *x, int64_t n, int n_heads, int hd,
                        const int32_t *pos, const RopeParams *p)
 {
-    int   half = p->n_rot / 2;
-    float ts = powf(p->freq_base, -2.0f / (float) p->n_rot);
+    int    half = p->n_rot / 2;
+    float  ts = powf(p->freq_base, -2.0f / (float) p->n_rot);
+    double lo = 0, hi = 0, ms = p->attn_factor;
 
+    if (p->ext_factor != 0.0f) {
+        lo = floor(p->n_rot * log(p->n_ctx_orig / (p->beta_fast * 2 * M_PI))
+                   / (2 * log(p->freq_base)));
+        hi = ceil(p->n_rot * log(p->n_ctx_orig / (p->beta_slow * 2 * M_PI))
+                  / (2 * log(p->freq_base)));
+        lo = lo > 0 ? lo : 0;
+        hi = hi < p->n_rot - 1 ? hi : p->n_rot - 1;
+        ms *= 1.0 + 0.1 * log(1.0 / p->freq_scale);
+    }
     for (int64_t t = 0; t < n; t++) {
         for (int h = 0; h < n_heads; h++) {
             float *v = x + (t * n_heads + h) * hd, theta = (float) pos[t];
 
             for (int i = 0; i < half; i++) {
-                float ff = p->freq_factors ? p->freq_factors[i] : 1.0f;
-                float th = p->freq_scale * (theta / ff);
-                int   i0 = p->mode == ROPE_NEOX ? i : 2 * i;
-                int   i1 = p->mode == ROPE_NEOX ? i + half : 2 * i + 1;
-                double c = cos((double) th), s = sin((double) th);
-                double x0 = v[i0], x1 = v[i1];
+                float  ff = p->freq_factors ? p->freq_factors[i] : 1.0f;
+                double ex = theta / ff, th = p->freq_scale * ex;
+                int    i0 = p->mode == ROPE_NEOX ? i : 2 * i;
+                int    i1 = p->mode == ROPE_NEOX ? i + half : 2 * i + 1;
+                double c, s, x0 = v[i0], x1 = v[i1];
 
+                if (p->ext_factor != 0.0f) {
+                    double y = (i - lo) / (hi - lo > 0.001 ? hi - lo : 0.001);
+                    double mix = (1 - (y < 0 ? 0 : y > 1 ? 1 : y))
+                                 * p->ext_factor;
+
+                    th = th * (1 - mix) + ex * mix;
+                }
+                c = cos(th) * ms;
+                s = sin(th) * ms;
                 v[i0] = (float) (x0 * c - x1 * s);
                 v[i1] = (float) (x0 * s + x1 * c);
                 theta *= ts;
@@ -270,10 +341,14 @@ static void test_rope(void **state) {
     rng_state = 12;
     for (int i = 0; i < n; i++) pos[i] = (int32_t) (rng_next() % 600);
     for (int i = 0; i < 32; i++) ff[i] = 1.0f + (float) i * 0.25f;
-    for (int v = 0; v < 4; v++) {
+    /* plain, partial, linear scaling and factors; then YaRN (x4 over a
+       trained 64, the ramp inside the rotated dims) with a magnitude */
+    for (int v = 0; v < 6; v++) {
         RopeParams p = { v & 1 ? ROPE_NEOX : ROPE_NORM, v < 2 ? 64 : 48,
-                         10000.0f, v == 3 ? 0.5f : 1.0f,
-                         v >= 2 ? ff : NULL };
+                         10000.0f, v == 3 ? 0.5f : v >= 4 ? 0.25f : 1.0f,
+                         v == 2 || v == 3 ? ff : NULL,
+                         v >= 4 ? 1.0f : 0.0f, v == 5 ? 0.9f : 1.0f,
+                         32.0f, 1.0f, 64 };
 
         fill(x, n * heads * hd, 1.0f);
         memcpy(want, x, (size_t) (n * heads * hd) * sizeof(float));
@@ -324,13 +399,55 @@ static void test_swiglu(void **state) {
     be->free(be);
 }
 
+/* The backend's geglu, softcap and scale over a batch split across
+ * threads: what the table computes over the whole, element for element
+ * (ref.c's gelu_mul is checked against ggml's formula above), the same
+ * bits for a row alone, and in place. */
+static void test_geglu_softcap(void **state) {
+    const Isa *I = *state;
+    Backend   *be = be_new(I->isa, 2);
+    int64_t    ffn = 172, n = 200, N = n * ffn;
+    float     *g = xmalloc((size_t) N * sizeof(float));
+    float     *u = xmalloc((size_t) N * sizeof(float));
+    float     *got = xmalloc((size_t) N * sizeof(float));
+    float     *want = xmalloc((size_t) N * sizeof(float));
+    float      one[172];
+
+    rng_state = 15;
+    fill(g, N, 12.0f);
+    fill(u, N, 1.0f);
+    I->vec->gelu_mul(want, g, u, N);
+    be->geglu(be, got, g, u, N);
+    assert_same_bits("geglu", got, want, (size_t) N * sizeof(float));
+    be->geglu(be, one, g + 13 * ffn, u + 13 * ffn, ffn);
+    assert_same_bits("geglu alone", one, got + 13 * ffn, sizeof(one));
+
+    memcpy(got, g, (size_t) N * sizeof(float));
+    be->softcap(be, got, N, 5.0f);
+    I->vec->tanh_scale(want, g, 1.0f / 5.0f, 5.0f, N);
+    assert_same_bits("softcap", got, want, (size_t) N * sizeof(float));
+    for (int64_t i = 0; i < N; i += 97) {
+        assert_true(fabs(got[i] - 5.0 * tanh(g[i] / 5.0)) <= 1e-5);
+    }
+    memcpy(got, g, (size_t) N * sizeof(float));
+    be->scale(be, got, N, 0.125f);
+    for (int64_t i = 0; i < N; i++) assert_true(got[i] == g[i] * 0.125f);
+    free(g);
+    free(u);
+    free(got);
+    free(want);
+    be->free(be);
+}
+
 /* Three sequences in one paged pool with shuffled physical blocks, GQA
  * (8 query heads on 2 KV heads). All positions are stored by one batch,
  * then the batch attends; each token's result must match a double
  * reference over the f16 cache, equal its result alone, and not depend on
  * the thread count. */
 typedef struct {
-    int hd, bs;
+    int   hd, bs;
+    int   window;       // AttnParams's, 0 = none
+    float softcap;      //   and 0 = none
 } AttnShape;
 
 static void attn_case(const Isa *I, Backend *be[3], AttnShape sh) {
@@ -349,6 +466,7 @@ static void attn_case(const Isa *I, Backend *be[3], AttnShape sh) {
     float   *one = xmalloc((size_t) qd * sizeof(float));
     double  *sc = xmalloc(512 * sizeof(double));
     int64_t  t = 0;
+    AttnParams ap = { 0.3f, sh.softcap, sh.window };
 
     for (int s = 0; s < 3; s++) nblk += (lens[s] + bs - 1) / bs;
     perm = xmalloc((size_t) (nblk + 3) * sizeof(int32_t));
@@ -386,7 +504,7 @@ static void attn_case(const Isa *I, Backend *be[3], AttnShape sh) {
         TokenBatch b = { n, pos, tbt };
 
         be[1]->kv_store(be[1], &kv, k, v, &b);
-        be[1]->attention(be[1], out, q, heads, &kv, &b, 0.3f);
+        be[1]->attention(be[1], out, q, heads, &kv, &b, &ap);
     }
     for (int64_t i = 0; i < n; i++) {
         for (int g = 0; g < kvh; g++) {
@@ -405,8 +523,10 @@ static void attn_case(const Isa *I, Backend *be[3], AttnShape sh) {
         for (int h = 0; h < heads; h++) {
             int     g = h / (heads / kvh);
             double  max = -INFINITY, sum = 0.0, acc[256] = { 0 };
+            int     first = sh.window > 0 && pos[i] + 1 > sh.window
+                            ? pos[i] + 1 - sh.window : 0;
 
-            for (int p = 0; p <= pos[i]; p++) {
+            for (int p = first; p <= pos[i]; p++) {
                 size_t off = (((size_t) tbt[i][p / bs] * kvh + g) * bs
                               + p % bs) * hd;
                 double s = 0.0;
@@ -415,10 +535,11 @@ static void attn_case(const Isa *I, Backend *be[3], AttnShape sh) {
                     s += (double) q[i * qd + h * hd + d]
                          * f16_to_f32(kv.k[off + d]);
                 }
-                sc[p] = 0.3 * s;
+                sc[p] = (double) 0.3f * s;
+                if (sh.softcap > 0.0f) sc[p] = sh.softcap * tanh(sc[p]);
                 max = sc[p] > max ? sc[p] : max;
             }
-            for (int p = 0; p <= pos[i]; p++) {
+            for (int p = first; p <= pos[i]; p++) {
                 size_t off = (((size_t) tbt[i][p / bs] * kvh + g) * bs
                               + p % bs) * hd;
                 double e = exp(sc[p] - max);
@@ -439,7 +560,7 @@ static void attn_case(const Isa *I, Backend *be[3], AttnShape sh) {
         float     *o2 = xmalloc((size_t) (n * qd) * sizeof(float));
         TokenBatch b = { n, pos, tbt };
 
-        be[bi]->attention(be[bi], o2, q, heads, &kv, &b, 0.3f);
+        be[bi]->attention(be[bi], o2, q, heads, &kv, &b, &ap);
         assert_same_bits("attention threads", o2, out,
                          (size_t) (n * qd) * sizeof(float));
         free(o2);
@@ -447,7 +568,7 @@ static void attn_case(const Isa *I, Backend *be[3], AttnShape sh) {
     for (int64_t i = 0; i < n; i += 17) {
         TokenBatch b = { 1, pos + i, tbt + i };
 
-        be[1]->attention(be[1], one, q + i * qd, heads, &kv, &b, 0.3f);
+        be[1]->attention(be[1], one, q + i * qd, heads, &kv, &b, &ap);
         assert_same_bits("attention alone", one, out + i * qd,
                          (size_t) qd * sizeof(float));
     }
@@ -468,10 +589,18 @@ static void test_attention(void **state) {
     const Isa *I = *state;
     Backend   *be[3] = { be_new(I->isa, 1), be_new(I->isa, 2),
                          be_new(I->isa, 3) };
-    static const AttnShape shapes[] = { { 64, 16 }, { 8, 7 }, { 80, 32 } };
+    /* plain; sliding windows that start mid-block, shorter and longer
+       than a block; soft-capping, alone and with a window */
+    static const AttnShape shapes[] = {
+        { 64, 16, 0, 0.0f }, { 8, 7, 0, 0.0f }, { 80, 32, 0, 0.0f },
+        { 64, 16, 37, 0.0f }, { 8, 7, 5, 0.0f }, { 80, 32, 0, 2.0f },
+        { 17, 16, 100, 1.5f },
+    };
 
     rng_state = 14;
-    for (int i = 0; i < 3; i++) attn_case(I, be, shapes[i]);
+    for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
+        attn_case(I, be, shapes[i]);
+    }
     for (int t = 0; t < 3; t++) be[t]->free(be[t]);
 }
 
@@ -485,6 +614,7 @@ static const Case cases[] = {
     { "add_bias, add", test_add_bias },
     { "rope", test_rope },
     { "swiglu", test_swiglu },
+    { "geglu, softcap, scale", test_geglu_softcap },
     { "kv_store, paged attention", test_attention },
 };
 

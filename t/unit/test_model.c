@@ -60,6 +60,25 @@ static void write_model_dims(char *path, size_t cap, const char *arch,
     if (make_model(&p, &err) != 0) fail_msg("make_model: %s", err.msg);
 }
 
+/* A small model of a family with its options: layers, head size (0:
+ * dim / heads) and sliding window (0: the family's default). */
+static void write_model_arch(char *path, size_t cap, const char *arch,
+                             DType type, int layers, int head_dim, int swa)
+{
+    MakeModelParams p = {
+        .arch = arch, .dim = 64, .layers = layers, .heads = 4,
+        .kv_heads = 2, .ffn = 96, .ctx = CTX, .type = type,
+        .vocab_from = vocab_path(), .seed = 9, .head_dim = head_dim,
+        .swa = swa, .std = 0.05f,
+    };
+    Err err;
+
+    snprintf(path, cap, "/tmp/omni-test-model-%d-%s-%s-l%d-h%d-w%d.gguf",
+             (int) getpid(), arch, dtype_name(type), layers, head_dim, swa);
+    p.out = path;
+    if (make_model(&p, &err) != 0) fail_msg("make_model: %s", err.msg);
+}
+
 /* The tiny model the reference forward below is sized for. */
 static void write_model(char *path, size_t cap, const char *arch, DType type,
                         int tied)
@@ -112,7 +131,8 @@ static void rope(double *v, int n_heads, int hd, int pos, const RopeParams *p)
         double *x = v + h * hd;
 
         for (int i = 0; i < half; i++) {
-            double th = pos * pow(p->freq_base, -2.0 * i / p->n_rot);
+            double th = p->freq_scale * pos
+                        * pow(p->freq_base, -2.0 * i / p->n_rot);
             int    i0 = p->mode == ROPE_NEOX ? i : 2 * i;
             int    i1 = p->mode == ROPE_NEOX ? i + half : 2 * i + 1;
             double a = x[i0], b = x[i1];
@@ -123,27 +143,36 @@ static void rope(double *v, int n_heads, int hd, int pos, const RopeParams *p)
     }
 }
 
+/* Scores as the family defines them: 1/sqrt(head_dim), or queries
+ * pre-scaled (q_scale); soft-capped; over the sliding window on its
+ * layers. */
 static void attend(const Ref *r, int l, const double *q, int pos, double *out)
 {
     const ModelConfig *c = &r->m->c;
     int                hd = c->head_dim, kvd = c->n_kv_heads * hd;
     double             att[CTX];
+    double             sc = c->q_scale > 0 ? 1.0 : 1.0 / sqrt(hd);
+    int                first = 0;
 
+    if (model_layer_swa(c, l) && pos + 1 > c->n_swa) first = pos + 1 - c->n_swa;
     for (int h = 0; h < c->n_heads; h++) {
         int    kh = h / (c->n_heads / c->n_kv_heads);
         double max = -1e300, sum = 0;
 
-        for (int p = 0; p <= pos; p++) {
+        for (int p = first; p <= pos; p++) {
             const double *k = r->k + ((size_t) l * CTX + p) * kvd + kh * hd;
             double        s = 0;
             for (int i = 0; i < hd; i++) s += q[h * hd + i] * k[i];
-            att[p] = s / sqrt(hd);
+            att[p] = s * sc;
+            if (c->attn_softcap > 0) {
+                att[p] = c->attn_softcap * tanh(att[p] / c->attn_softcap);
+            }
             max = att[p] > max ? att[p] : max;
         }
-        for (int p = 0; p <= pos; p++) sum += att[p] = exp(att[p] - max);
+        for (int p = first; p <= pos; p++) sum += att[p] = exp(att[p] - max);
         for (int i = 0; i < hd; i++) {
             double s = 0;
-            for (int p = 0; p <= pos; p++) {
+            for (int p = first; p <= pos; p++) {
                 s += att[p] / sum
                      * r->v[((size_t) l * CTX + p) * kvd + kh * hd + i];
             }
@@ -152,42 +181,89 @@ static void attend(const Ref *r, int l, const double *q, int pos, double *out)
     }
 }
 
+/* ggml's gelu through f16, as kernels.h defines it (the double formula in
+ * between). */
+static double gelu_f16(double x) {
+    double xh, g;
+
+    if (x <= -10.0) return 0.0;
+    if (x >= 10.0) return x;
+    xh = f16_to_f32(f32_to_f16((float) x));
+    g = 0.5 * xh * (1 + tanh(0.7978845608028654 * xh
+                             * (1 + 0.044715 * xh * xh)));
+    return f16_to_f32(f32_to_f16((float) g));
+}
+
+/* Q, K (into kv), V (into vr) of one token: projections, biases, per-head
+ * norms, RoPE of the layer's kind, query scale. */
+static void ref_qkv(const Model *m, int l, const double *xb, int pos,
+                    double *q, double *kv, double *vr)
+{
+    const ModelConfig  *c = &m->c;
+    const LayerWeights *L = &m->layers[l];
+    int                 hd = c->head_dim, qd = c->n_heads * hd;
+    int                 kvd = c->n_kv_heads * hd;
+    const RopeParams   *rp = model_layer_swa(c, l) ? &c->rope_swa : &c->rope;
+
+    matvec(&L->wq, xb, q);
+    matvec(&L->wk, xb, kv);
+    matvec(&L->wv, xb, vr);
+    for (int i = 0; L->bq && i < qd; i++) q[i] += L->bq[i];
+    for (int i = 0; L->bk && i < kvd; i++) kv[i] += L->bk[i];
+    for (int i = 0; L->bv && i < kvd; i++) vr[i] += L->bv[i];
+    for (int h = 0; L->q_norm && h < c->n_heads; h++) {
+        rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, c->norm_eps);
+    }
+    for (int h = 0; L->k_norm && h < c->n_kv_heads; h++) {
+        rmsnorm(kv + h * hd, kv + h * hd, L->k_norm, hd, c->norm_eps);
+    }
+    rope(q, c->n_heads, hd, pos, rp);
+    rope(kv, c->n_kv_heads, hd, pos, rp);
+    for (int i = 0; c->q_scale > 0 && i < qd; i++) q[i] *= c->q_scale;
+}
+
 /* One token through the reference; logits (n_vocab,) out. */
 static void ref_token(Ref *r, int32_t tok, int pos, double *logits) {
     const Model       *m = r->m;
     const ModelConfig *c = &m->c;
     int                dim = c->dim, kvd = c->n_kv_heads * c->head_dim;
-    double x[64], xb[64], q[64], att[64], o[64], g[96], u[96], kv[64];
+    double x[64], xb[64], q[128], att[128], o[64], g[96], u[96], kv[128];
 
     row_f64(&m->tok_embd, tok, x);
+    for (int i = 0; i < dim; i++) x[i] *= c->embed_scale;
     for (int l = 0; l < c->n_layers; l++) {
         const LayerWeights *L = &m->layers[l];
         double *kr = r->k + ((size_t) l * CTX + pos) * kvd;
         double *vr = r->v + ((size_t) l * CTX + pos) * kvd;
 
         rmsnorm(xb, x, L->attn_norm, dim, c->norm_eps);
-        matvec(&L->wq, xb, q);
-        matvec(&L->wk, xb, kv);
-        matvec(&L->wv, xb, vr);
-        for (int i = 0; L->bq && i < dim; i++) q[i] += L->bq[i];
-        for (int i = 0; L->bk && i < kvd; i++) kv[i] += L->bk[i];
-        for (int i = 0; L->bv && i < kvd; i++) vr[i] += L->bv[i];
-        rope(q, c->n_heads, c->head_dim, pos, &c->rope);
-        rope(kv, c->n_kv_heads, c->head_dim, pos, &c->rope);
+        ref_qkv(m, l, xb, pos, q, kv, vr);
         memcpy(kr, kv, (size_t) kvd * sizeof(double));
         attend(r, l, q, pos, att);
         matvec(&L->wo, att, o);
+        if (L->attn_post_norm) {
+            rmsnorm(o, o, L->attn_post_norm, dim, c->norm_eps);
+        }
         for (int i = 0; i < dim; i++) x[i] += o[i];
 
         rmsnorm(xb, x, L->ffn_norm, dim, c->norm_eps);
         matvec(&L->w_gate, xb, g);
         matvec(&L->w_up, xb, u);
-        for (int i = 0; i < c->ffn_dim; i++) g[i] = g[i] / (1 + exp(-g[i])) * u[i];
+        for (int i = 0; i < c->ffn_dim; i++) {
+            g[i] = (c->geglu ? gelu_f16(g[i]) : g[i] / (1 + exp(-g[i])))
+                   * u[i];
+        }
         matvec(&L->w_down, g, o);
+        if (L->ffn_post_norm) {
+            rmsnorm(o, o, L->ffn_post_norm, dim, c->norm_eps);
+        }
         for (int i = 0; i < dim; i++) x[i] += o[i];
     }
     rmsnorm(xb, x, m->output_norm, dim, c->norm_eps);
     matvec(&m->output, xb, logits);
+    for (int i = 0; c->final_softcap > 0 && i < c->n_vocab; i++) {
+        logits[i] = c->final_softcap * tanh(logits[i] / c->final_softcap);
+    }
 }
 
 
@@ -255,23 +331,23 @@ static void engine_logits(const Model *m, const char *isa, int nth,
     engine_free(&e);
 }
 
-static void check_against_reference(const char *arch, DType type, int tied,
-                                    double tol)
+/* The logits of every prompt token against the reference, for the model
+ * in path (removed after). */
+static void check_file(const char *path, const char *arch, DType type,
+                       double tol)
 {
-    char    path[256];
     Model   m;
     Err     err;
     Ref     r;
     float  *got;
     double *want;
 
-    write_model(path, sizeof(path), arch, type, tied);
-    assert_int_equal(model_load(&m, path, GGUF_COPY, &err), 0);
-    assert_true(tied ? m.output.data == m.tok_embd.data
-                     : m.output.data != m.tok_embd.data);
+    if (model_load(&m, path, GGUF_COPY, &err) != 0) {
+        fail_msg("%s: %s", arch, err.msg);
+    }
     r.m = &m;
-    r.k = calloc((size_t) m.c.n_layers * CTX * 64, sizeof(double));
-    r.v = calloc((size_t) m.c.n_layers * CTX * 64, sizeof(double));
+    r.k = calloc((size_t) m.c.n_layers * CTX * 128, sizeof(double));
+    r.v = calloc((size_t) m.c.n_layers * CTX * 128, sizeof(double));
     got = malloc((size_t) N_TOK * m.c.n_vocab * sizeof(float));
     want = malloc((size_t) m.c.n_vocab * sizeof(double));
 
@@ -298,6 +374,48 @@ static void check_against_reference(const char *arch, DType type, int tied,
     unlink(path);
 }
 
+static void check_against_reference(const char *arch, DType type, int tied,
+                                    double tol)
+{
+    char  path[256];
+    Model m;
+    Err   err;
+
+    write_model(path, sizeof(path), arch, type, tied);
+    assert_int_equal(model_load(&m, path, GGUF_MAP, &err), 0);
+    assert_true(tied ? m.output.data == m.tok_embd.data
+                     : m.output.data != m.tok_embd.data);
+    model_free(&m);
+    check_file(path, arch, type, tol);
+}
+
+static void check_arch(const char *arch, DType type, int layers,
+                       int head_dim, int swa, double tol)
+{
+    char path[256];
+
+    write_model_arch(path, sizeof(path), arch, type, layers, head_dim, swa);
+    check_file(path, arch, type, tol);
+}
+
+/* The newer families, with what makes each differ: qwen3's Q/K norms;
+ * gemma's GeGLU, scaled embeddings and a head size that is not dim /
+ * heads; gemma2's soft-capping, post norms and a window shorter than the
+ * prompt on even layers; gemma3's 5:1 window pattern over 7 layers with
+ * its own local RoPE base; phi3's fused matrices. GeGLU rounds gelu to
+ * f16 (as ggml does), so where float and double land on either side of an
+ * f16 rounding boundary the two differ by an f16 ulp: 1e-5 for them. */
+static void test_families(void **state) {
+    (void) state;
+    check_arch("qwen3", DT_F32, 2, 0, 0, 1e-6);
+    check_arch("gemma", DT_F32, 2, 24, 0, 1e-5);
+    check_arch("gemma2", DT_F32, 2, 0, 4, 1e-5);
+    check_arch("gemma3", DT_F32, 7, 0, 5, 1e-5);
+    check_arch("gemma3", DT_Q8_0, 2, 24, 5, 1e-3);
+    check_arch("phi3", DT_F32, 2, 0, 0, 1e-6);
+    check_arch("phi3", DT_Q4_0, 2, 0, 0, 1e-3);
+}
+
 /* Quantized weights are compared against their own dequantized values, so
  * the only differences are activation quantization (q8_0 rows for
  * quantized weights) and the f16 KV cache. */
@@ -319,7 +437,7 @@ static void test_qwen2_and_tied(void **state) {
 
 /* Same bits for a token whatever batch it was computed in, for every
  * kernel set and thread count. */
-static void check_invariance(DType type) {
+static void check_invariance_of(const char *arch, DType type) {
     static const char *isas[] = { "ref", "avx2", "avx512" };
     char   path[256];
     Model  m;
@@ -327,7 +445,11 @@ static void check_invariance(DType type) {
     size_t n;
     float *base, *other;
 
-    write_model(path, sizeof(path), "llama", type, 0);
+    if (strcmp(arch, "llama") == 0) {
+        write_model(path, sizeof(path), arch, type, 0);
+    } else {
+        write_model_arch(path, sizeof(path), arch, type, 2, 0, 4);
+    }
     assert_int_equal(model_load(&m, path, GGUF_MAP, &err), 0);
     n = (size_t) N_TOK * m.c.n_vocab;
     base = malloc(n * sizeof(float));
@@ -344,8 +466,9 @@ static void check_invariance(DType type) {
             for (int nth = 1; nth <= 3; nth++) {
                 engine_logits(&m, isas[s], nth, chunk, other);
                 if (memcmp(base, other, n * sizeof(float)) != 0) {
-                    fail_msg("%s %s: chunk %d, %d threads differs from one "
-                             "batch", isas[s], dtype_name(type), chunk, nth);
+                    fail_msg("%s %s %s: chunk %d, %d threads differs from "
+                             "one batch", arch, isas[s], dtype_name(type),
+                             chunk, nth);
                 }
             }
         }
@@ -356,8 +479,15 @@ static void check_invariance(DType type) {
     unlink(path);
 }
 
+static void check_invariance(DType type) {
+    check_invariance_of("llama", type);
+}
+
 static void test_batch_invariance(void **state) {
     (void) state;
+    /* GeGLU, soft-capping and windows that start mid-block; fused views */
+    check_invariance_of("gemma2", DT_F32);
+    check_invariance_of("phi3", DT_Q8_0);
     check_invariance(DT_F32);
     check_invariance(DT_F16);
     check_invariance(DT_BF16);
@@ -514,6 +644,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama_all_types),
         cmocka_unit_test(test_qwen2_and_tied),
+        cmocka_unit_test(test_families),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_repacked),
         cmocka_unit_test(test_load_errors),
