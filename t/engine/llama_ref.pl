@@ -25,6 +25,7 @@ use strict;
 use warnings;
 use JSON::PP;
 use POSIX ();
+use Digest::MD5 qw(md5_hex);
 
 our ($TMP, $MODEL);
 
@@ -51,25 +52,40 @@ sub quant_types {
 
 # The architectures compared: [name, make-model arguments (undef: the
 # default model), vocabulary file]. Random-weight models have rows that are
-# multiples of 256, so every K-quant block fits.
+# multiples of 256, so every K-quant block fits, and a weight std chosen
+# per family so that greedy decoding wanders through the vocabulary rather
+# than repeating one token (Gemma's embeddings are scaled by sqrt(dim) and
+# tied to the output, so it needs its own): quants.t checks the outputs are
+# varied. gemma2 and gemma3 get an 8-token window so that sliding-window
+# layers matter within 32 tokens; gemma3's 7 layers hold its 5 local : 1
+# global pattern and one more local layer.
 sub quant_archs {
     my ($src, $only) = @_;
-    my $spm = "$src/models/ggml-vocab-llama-spm.gguf";
+    my $m = "$src/models";
     my @shape = qw(--dim 256 --layers 2 --heads 4 --kv-heads 2 --ffn 768);
     my @a = (
         [ 'stories260K', undef ],
-        [ 'llama', [ '--arch', 'llama', @shape ], $spm ],
-        [ 'qwen2', [ '--arch', 'qwen2', @shape ],
-          "$src/models/ggml-vocab-qwen2.gguf" ],
+        [ 'llama', [ qw(--arch llama --std 0.08), @shape ],
+          "$m/ggml-vocab-llama-spm.gguf" ],
+        [ 'qwen2', [ qw(--arch qwen2 --std 0.08), @shape ],
+          "$m/ggml-vocab-qwen2.gguf" ],
+        [ 'qwen3', [ qw(--arch qwen3 --std 0.08), @shape ],
+          "$m/ggml-vocab-qwen2.gguf" ],
+        [ 'gemma', [ qw(--arch gemma --std 0.2), @shape ],
+          "$m/ggml-vocab-llama-spm.gguf" ],
+        [ 'gemma2', [ qw(--arch gemma2 --std 0.01 --swa 8), @shape ],
+          "$m/ggml-vocab-llama-spm.gguf" ],
+        [ 'gemma3', [ qw(--arch gemma3 --std 0.08 --swa 8), @shape,
+                      qw(--layers 7) ], "$m/ggml-vocab-llama-spm.gguf" ],
+        [ 'phi3', [ qw(--arch phi3 --std 0.08), @shape ],
+          "$m/ggml-vocab-phi-3.gguf" ],
     );
     return @a unless $only;
     my %o = map { $_ => 1 } split ' ', $only;
     return grep { $o{ $_->[0] } } @a;
 }
 
-# The F32 file of architecture a in dir, written once: weights with a std
-# (0.08) large enough that the logits are far from flat, so greedy decoding
-# follows the weights rather than ties.
+# The F32 file of architecture a in dir, written once.
 sub source_model {
     my ($dir, $a) = @_;
     my ($name, $args, $vocab) = @$a;
@@ -78,7 +94,7 @@ sub source_model {
     return $f if -f $f;
     my ($rc, $out, $err) = run_engine(
         'make-model', '--out', "$f.tmp", @$args, '--type', 'f32',
-        '--vocab-from', $vocab, '--seed', 7, '--ctx', 512, '--std', 0.08);
+        '--vocab-from', $vocab, '--seed', 7, '--ctx', 512);
     die "make-model $name failed: $err\n" if $rc != 0;
     rename("$f.tmp", $f) or die "rename: $!\n";
     return $f;
@@ -148,13 +164,34 @@ sub gguf_types {
 
 # llama.cpp's greedy steps: list of { token, top => [{id, logit}...],
 # margin } hashes, one per generated token.
+#
+# fa: llama.cpp's flash attention ("off", or "on" for its other path).
+# The lines are kept next to the model (model.steps/...), since they depend
+# only on the file, the prompt and the count: the passes of isa.t (one per
+# kernel set) run llama.cpp once.
 sub llama_steps {
-    my ($bin, $model, $prompt, $n) = @_;
-    my ($rc, $out, $err) = run_cmd({ LLAMA_FA => 'off' },
-        "$bin/llama-top-logits", $model, $n, 2, $prompt);
-    die "llama-top-logits failed on $model:\n$err\n" if $rc != 0;
+    my ($bin, $model, $prompt, $n, $fa) = @_;
+    $fa //= 'off';
+    my $key = md5_hex("$prompt\0$n\0$fa");
+    my $cache = "$model.steps/$key";
+    my $out;
+    if (open(my $fh, '<', $cache)) {
+        local $/;
+        $out = <$fh>;
+    } else {
+        my ($rc, $err);
+        ($rc, $out, $err) = run_cmd({ LLAMA_FA => $fa },
+            "$bin/llama-top-logits", $model, $n, 2, $prompt);
+        die "llama-top-logits failed on $model:\n$err\n" if $rc != 0;
+        mkdir("$model.steps");
+        open(my $w, '>', "$cache.$$") or die "$cache: $!\n";
+        print $w $out;
+        close $w;
+        rename("$cache.$$", $cache) or die "rename: $!\n";
+    }
     return [ map { $JSON->decode($_) } grep { /^\{/ } split /\n/, $out ];
 }
+
 
 # Ours, the same way: `generate --top-logits 2`.
 sub our_steps {

@@ -10,15 +10,15 @@
 # far from flat and greedy decoding follows the weights, not ties), and the
 # default model (stories260K), each requantized by llama.cpp's
 # llama-quantize to every type: pure (--pure: every matrix in the type)
-# and llama.cpp's usual mixes (Q4_K_M, ...). stories260K's rows are 64 and
-# 512 long: not multiples of 256, so llama-quantize stores its K-quant
-# matrices in its fallback types (Q5_0 for Q4_K, Q5_1 for Q5_K, Q8_0 for
-# Q6_K, IQ4_NL for Q2_K, Q3_K and IQ4_XS); the test names the types each
-# file ended up with.
+# and llama.cpp's usual mixes (Q4_K_M, ...). stories260K's rows are 64
+# long (172 for ffn_down): no multiple of 256, so llama-quantize stores its
+# K-quant and IQ4_XS matrices in 32-element fallback types (Q5_0, Q5_1,
+# Q8_0, IQ4_NL), and 172 fits no block at all, so ffn_down stays F16 in
+# every file; the test prints the types each file ended up with.
 #
 #   OMNI_QUANT_TYPES   only these llama-quantize types (space-separated)
 #   OMNI_QUANT_ARCHS   only these architectures
-#   OMNI_QUANT_PROMPTS prompts per file (default 3)
+#   OMNI_QUANT_PROMPTS prompts per file (default 2)
 use strict;
 use warnings;
 use Test::More;
@@ -37,9 +37,15 @@ my @archs = quant_archs($src, $ENV{OMNI_QUANT_ARCHS});
 my @prompts = ('Once upon a time', 'The quick brown fox jumps over',
                'In the beginning', 'Hello, my name is',
                'Lily and Tom went to the park');
-splice(@prompts, $ENV{OMNI_QUANT_PROMPTS} // 3);
+splice(@prompts, $ENV{OMNI_QUANT_PROMPTS} // 2);
 my $n_tokens = 32;
-my $NOISE = 0.02;               # largest logit difference, relative
+# Largest logit difference from llama.cpp's, relative to the largest logit:
+# activations are quantized before every quantized matmul, so a last-bit
+# difference upstream moves values across rounding boundaries; llama.cpp's
+# own two attention paths (flash attention on and off) differ on these
+# files by as much (bench/agreement measures both).
+my $NOISE = 0.03;
+my $MIN_DISTINCT = 4;           # tokens in 32 a model must vary over
 
 my ($total, $exact, @ties) = (0, 0);
 for my $a (@archs) {
@@ -52,6 +58,10 @@ for my $a (@archs) {
             ok($ours, "$label '$p': the engine runs it") or diag $err;
             next unless $ours;
             my $r = compare_steps($ours, $llama);
+            my %seen = map { $_->{token} => 1 } @$llama;
+            cmp_ok(scalar keys %seen, '>=', $MIN_DISTINCT,
+                   "$label '$p': llama.cpp's tokens vary (the comparison "
+                   . "means something)");
             # whatever the tokens, the logits agree to within a few
             # activation quantization steps: a wrong scale or a misread
             # block would move them by far more
