@@ -57,7 +57,8 @@ sub quant_types {
 # than repeating one token (Gemma's embeddings are scaled by sqrt(dim) and
 # tied to the output, so it needs its own): quants.t checks the outputs are
 # varied. gemma2 and gemma3 get an 8-token window so that sliding-window
-# layers matter within 32 tokens; gemma3's 7 layers hold its 5 local : 1
+# layers matter within 32 tokens (gemma2's final soft-cap flattens its
+# logits at a larger std: it gets a small one and 4 layers); gemma3's 7 layers hold its 5 local : 1
 # global pattern and one more local layer.
 sub quant_archs {
     my ($src, $only) = @_;
@@ -73,8 +74,8 @@ sub quant_archs {
           "$m/ggml-vocab-qwen2.gguf" ],
         [ 'gemma', [ qw(--arch gemma --std 0.2), @shape ],
           "$m/ggml-vocab-llama-spm.gguf" ],
-        [ 'gemma2', [ qw(--arch gemma2 --std 0.01 --swa 8), @shape ],
-          "$m/ggml-vocab-llama-spm.gguf" ],
+        [ 'gemma2', [ qw(--arch gemma2 --std 0.01 --swa 8), @shape,
+                      qw(--layers 4) ], "$m/ggml-vocab-llama-spm.gguf" ],
         [ 'gemma3', [ qw(--arch gemma3 --std 0.08 --swa 8), @shape,
                       qw(--layers 7) ], "$m/ggml-vocab-llama-spm.gguf" ],
         [ 'phi3', [ qw(--arch phi3 --std 0.08), @shape ],
