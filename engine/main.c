@@ -271,7 +271,8 @@ static char *render_chat(const Runtime *rt, const char *system,
     }
     if (system != NULL) msgs[n++] = (ChatMsg) { "system", system };
     msgs[n++] = (ChatMsg) { "user", user };
-    if (runtime_render_chat(rt, msgs, n, &buf, &cap, NULL, &err) < 0) {
+    if (runtime_render_chat(rt, msgs, n, CHAT_ADD_GEN, &buf, &cap, NULL,
+                            &err) < 0) {
         die("chat template: %s", err.msg);
     }
     return buf;
@@ -308,8 +309,11 @@ static void make_backend(const Opts *o, Runtime *rt, int64_t n_ctx,
 
 /* ---- generate ---------------------------------------------------------- */
 
-static int emit_stdout(void *ud, const char *text, size_t len) {
+static int emit_stdout(void *ud, TextKind kind, const char *text,
+                       size_t len)
+{
     (void) ud;
+    (void) kind;
     fwrite(text, 1, len, stdout);
     fflush(stdout);
     return 0;

@@ -557,7 +557,7 @@ ngx_http_omni_audio_json(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
     ngx_str_t    tail = ngx_string("\"},\"annotations\":[]},"
                                    "\"logprobs\":null,\"finish_reason\":\"");
 
-    text = ngx_http_omni_text(r, ctx, &len);
+    text = ngx_http_omni_text(r, ctx->text, &len);
     if (text == NULL && len > 0) {
         return NULL;
     }

@@ -395,6 +395,9 @@ struct ngx_http_omni_ctx_s {
     ngx_chain_t                *text;           /* non-streaming: text
                                                    gathered so far */
     ngx_chain_t                *text_last;      /* its last link */
+    ngx_chain_t                *reasoning;      /* non-streaming chat: the
+                                                   REASONING gathered */
+    ngx_chain_t                *reasoning_last;
     OmniDone                    usage;
     ngx_chain_t                *audio;          /* non-streaming chat: audio
                                                    gathered so far, in
@@ -570,6 +573,8 @@ ngx_chain_t *ngx_http_omni_chunk_role(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx);
 ngx_chain_t *ngx_http_omni_chunk_text(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, u_char *text, size_t len);
+ngx_chain_t *ngx_http_omni_chunk_reasoning(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, u_char *text, size_t len);
 ngx_chain_t *ngx_http_omni_chunk_finish(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx);
 ngx_chain_t *ngx_http_omni_chunk_usage(ngx_http_request_t *r,
@@ -608,7 +613,7 @@ void ngx_http_omni_event_end(ngx_http_omni_ctx_t *ctx, ngx_buf_t *b,
 size_t ngx_http_omni_head_len(ngx_http_omni_ctx_t *ctx, ngx_str_t *object);
 u_char *ngx_http_omni_head(u_char *p, ngx_http_omni_ctx_t *ctx,
     ngx_str_t *object);
-u_char *ngx_http_omni_text(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
+u_char *ngx_http_omni_text(ngx_http_request_t *r, ngx_chain_t *chain,
     size_t *len);
 size_t ngx_http_omni_escape_len(u_char *s, size_t len);
 u_char *ngx_http_omni_escape(u_char *dst, u_char *s, size_t len);

@@ -23,7 +23,7 @@
     "{\"prompt_tokens\":%uD,\"completion_tokens\":%uL,"                       \
     "\"total_tokens\":%uL,"                                                   \
     "\"prompt_tokens_details\":{\"cached_tokens\":%uD,\"audio_tokens\":0},"   \
-    "\"completion_tokens_details\":{\"reasoning_tokens\":0,"                  \
+    "\"completion_tokens_details\":{\"reasoning_tokens\":%uD,"                \
     "\"audio_tokens\":%uD,\"accepted_prediction_tokens\":0,"                   \
     "\"rejected_prediction_tokens\":0"
 
@@ -129,6 +129,22 @@ ngx_http_omni_chunk_text(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 }
 
 
+/* A chat stream's reasoning (a thinking model's): delta.reasoning_content,
+ * the field llama-server, vLLM and DeepSeek's API send. */
+
+ngx_chain_t *
+ngx_http_omni_chunk_reasoning(ngx_http_request_t *r,
+    ngx_http_omni_ctx_t *ctx, u_char *text, size_t len)
+{
+    ngx_str_t  pre = ngx_string("\"choices\":[{\"index\":0,\"delta\":"
+                                "{\"reasoning_content\":\"");
+    ngx_str_t  post = ngx_string("\"},\"logprobs\":null,"
+                                 "\"finish_reason\":null}]");
+
+    return ngx_http_omni_event(r, ctx, &pre, text, len, &post, 1);
+}
+
+
 ngx_chain_t *
 ngx_http_omni_chunk_finish(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
 {
@@ -186,8 +202,10 @@ ngx_http_omni_chunk_done(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
 /*
  * chat.completion:
  *   {"id","object","created","model","choices":[{"index":0,"message":
- *   {"role":"assistant","content":TEXT,"refusal":null,"annotations":[]},
- *   "logprobs":null,"finish_reason":R}],"usage":{...}}\n
+ *   {"role":"assistant","content":TEXT[,"reasoning_content":REASONING],
+ *   "refusal":null,"annotations":[]},"logprobs":null,"finish_reason":R}],
+ *   "usage":{...}}\n
+ *   (reasoning_content when a thinking model reasoned: REASONING frames)
  * text_completion:
  *   {... "choices":[{"text":TEXT,"index":0,"logprobs":null,
  *   "finish_reason":R}],"usage":{...}}\n
@@ -196,8 +214,8 @@ ngx_http_omni_chunk_done(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
 ngx_buf_t *
 ngx_http_omni_completion_json(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
 {
-    u_char      *text;
-    size_t       len, size;
+    u_char      *text, *reasoning;
+    size_t       len, rlen, size;
     ngx_str_t   *pre, *post, *object;
     ngx_buf_t   *b;
     ngx_str_t    chat_object = ngx_string("chat.completion");
@@ -208,6 +226,7 @@ ngx_http_omni_completion_json(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
                                         "\"annotations\":[]},"
                                         "\"logprobs\":null,"
                                         "\"finish_reason\":\"");
+    ngx_str_t    mid = ngx_string("\",\"reasoning_content\":\"");
     ngx_str_t    text_object = ngx_string("text_completion");
     ngx_str_t    text_pre = ngx_string("\"choices\":[{\"text\":\"");
     ngx_str_t    text_post = ngx_string("\",\"index\":0,\"logprobs\":null,"
@@ -224,13 +243,19 @@ ngx_http_omni_completion_json(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
         post = &text_post;
     }
 
-    text = ngx_http_omni_text(r, ctx, &len);
+    text = ngx_http_omni_text(r, ctx->text, &len);
     if (text == NULL && len > 0) {
+        return NULL;
+    }
+
+    reasoning = ngx_http_omni_text(r, ctx->reasoning, &rlen);
+    if (reasoning == NULL && rlen > 0) {
         return NULL;
     }
 
     size = ngx_http_omni_head_len(ctx, object) + pre->len
            + ngx_http_omni_escape_len(text, len) + post->len
+           + mid.len + ngx_http_omni_escape_len(reasoning, rlen)
            + NGX_HTTP_OMNI_END_LEN;
 
     b = ngx_create_temp_buf(r->pool, size);
@@ -241,6 +266,12 @@ ngx_http_omni_completion_json(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
     b->last = ngx_http_omni_head(b->last, ctx, object);
     b->last = ngx_cpymem(b->last, pre->data, pre->len);
     b->last = ngx_http_omni_escape(b->last, text, len);
+
+    if (rlen) {
+        b->last = ngx_cpymem(b->last, mid.data, mid.len);
+        b->last = ngx_http_omni_escape(b->last, reasoning, rlen);
+    }
+
     b->last = ngx_cpymem(b->last, post->data, post->len);
     b->last = ngx_http_omni_completion_end(b->last, ctx);
     b->tag = (ngx_buf_tag_t) &ngx_http_omni_module;
@@ -404,7 +435,8 @@ ngx_http_omni_usage(u_char *p, ngx_http_omni_ctx_t *ctx)
 
     p = ngx_sprintf(p, NGX_HTTP_OMNI_USAGE_FMT, ctx->usage.prompt_tokens,
                     completion, ctx->usage.prompt_tokens + completion,
-                    ctx->usage.cached_tokens, ctx->usage.audio_tokens);
+                    ctx->usage.cached_tokens, ctx->usage.reasoning_tokens,
+                    ctx->usage.audio_tokens);
 
     if (ctx->req.audio) {
         p = ngx_sprintf(p, ",\"text_tokens\":%uD",
@@ -477,11 +509,12 @@ ngx_http_omni_double(u_char *p, double v, ngx_uint_t frac)
 }
 
 
-/* The text gathered for a non-streaming answer, contiguous: escaping
+/* The text gathered in chain (ctx->text, ctx->reasoning) for a
+ * non-streaming answer, contiguous: escaping
  * needs whole UTF-8 characters, and a chain may split one. */
 
 u_char *
-ngx_http_omni_text(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
+ngx_http_omni_text(ngx_http_request_t *r, ngx_chain_t *chain,
     size_t *len)
 {
     u_char       *p, *text;
@@ -490,7 +523,7 @@ ngx_http_omni_text(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 
     n = 0;
 
-    for (cl = ctx->text; cl; cl = cl->next) {
+    for (cl = chain; cl; cl = cl->next) {
         n += cl->buf->last - cl->buf->pos;
     }
 
@@ -500,8 +533,8 @@ ngx_http_omni_text(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
         return NULL;
     }
 
-    if (ctx->text->next == NULL) {
-        return ctx->text->buf->pos;
+    if (chain->next == NULL) {
+        return chain->buf->pos;
     }
 
     text = ngx_pnalloc(r->pool, n);
@@ -511,7 +544,7 @@ ngx_http_omni_text(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 
     p = text;
 
-    for (cl = ctx->text; cl; cl = cl->next) {
+    for (cl = chain; cl; cl = cl->next) {
         p = ngx_cpymem(p, cl->buf->pos, cl->buf->last - cl->buf->pos);
     }
 

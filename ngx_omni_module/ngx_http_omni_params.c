@@ -7,8 +7,8 @@
 /*
  * ngx_http_omni_params.c -- the checks of a request body's fields other
  * than its input (n, logprobs, max tokens, modalities, tools,
- * response_format, the legacy completions fields, prompt_cache_key,
- * seed), and the words of every 400 a body gets: one sentence per kind
+ * response_format, the legacy completions fields, reasoning_effort and
+ * chat_template_kwargs, prompt_cache_key, seed), and the words of every 400 a body gets: one sentence per kind
  * of mistake, the parameter named as OpenAI names it, the client's bytes
  * quoted at most NGX_HTTP_OMNI_CLIP of them. Apart from
  * ngx_http_omni_request.c so that it holds the way a body goes, and this
@@ -323,6 +323,90 @@ ngx_http_omni_check_legacy(ngx_http_request_t *r, yajl_val root,
         if (v->u.string[0] != '\0') {
             return ngx_http_omni_unsupported(r, err, "suffix", NULL);
         }
+    }
+
+    return NGX_OK;
+}
+
+
+/*
+ * Thinking off: reasoning_effort "none" (OpenAI's field), or
+ * chat_template_kwargs.enable_thinking false (vLLM's and llama-server's).
+ * Either turns it off; the engine's "thinking" then renders a thinking
+ * template's prompt so (engine/llm/chat.h). Templates that do not think
+ * ignore it, as they ignore the other efforts. Other template kwargs are
+ * ignored.
+ */
+
+ngx_int_t
+ngx_http_omni_check_thinking(ngx_http_request_t *r, yajl_val root,
+    ngx_http_omni_fields_t *f, ngx_http_omni_error_t *err)
+{
+    char        *more;
+    size_t       n;
+    yajl_val     v, kw;
+    ngx_uint_t   i;
+
+    static const char  *efforts[] = {
+        "none", "minimal", "low", "medium", "high", "xhigh", NULL
+    };
+
+    v = ngx_http_omni_member(root, "reasoning_effort");
+
+    if (v != NULL) {
+        if (!YAJL_IS_STRING(v)) {
+            return ngx_http_omni_invalid_type(r, err, "reasoning_effort",
+                                              "a string", v);
+        }
+
+        for (i = 0; efforts[i] != NULL; i++) {
+            if (ngx_strcmp(v->u.string, efforts[i]) == 0) {
+                break;
+            }
+        }
+
+        if (efforts[i] == NULL) {
+            n = ngx_http_omni_clip(v->u.string, &more);
+
+            return ngx_http_omni_invalid(r, err, "reasoning_effort",
+                                         "invalid_value",
+                                         "Invalid value: '%*s%s'. Supported "
+                                         "values are: 'none', 'minimal', "
+                                         "'low', 'medium', 'high' and "
+                                         "'xhigh'.", n, v->u.string, more);
+        }
+
+        if (i == 0) {
+            f->no_think = 1;
+        }
+    }
+
+    kw = ngx_http_omni_member(root, "chat_template_kwargs");
+
+    if (kw == NULL) {
+        return NGX_OK;
+    }
+
+    if (!YAJL_IS_OBJECT(kw)) {
+        return ngx_http_omni_invalid_type(r, err, "chat_template_kwargs",
+                                          "an object", kw);
+    }
+
+    v = ngx_http_omni_member(kw, "enable_thinking");
+
+    if (v == NULL) {
+        return NGX_OK;
+    }
+
+    if (!YAJL_IS_TRUE(v) && !YAJL_IS_FALSE(v)) {
+        return ngx_http_omni_invalid_type(r, err,
+                                          "chat_template_kwargs"
+                                          ".enable_thinking",
+                                          "a boolean", v);
+    }
+
+    if (YAJL_IS_FALSE(v)) {
+        f->no_think = 1;
     }
 
     return NGX_OK;

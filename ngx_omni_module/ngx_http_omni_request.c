@@ -253,6 +253,10 @@ ngx_http_omni_check_body(ngx_http_request_t *r, ngx_http_omni_kind_e kind,
         rc = ngx_http_omni_check_legacy(r, root, err);
     }
 
+    if (rc == NGX_OK && kind == NGX_HTTP_OMNI_KIND_CHAT) {
+        rc = ngx_http_omni_check_thinking(r, root, f, err);
+    }
+
     if (rc == NGX_OK) {
         rc = ngx_http_omni_check_salt(r, root, f, err);
     }
@@ -610,7 +614,8 @@ ngx_http_omni_engine_request(ngx_http_request_t *r,
 
 /*
  * {"model", "messages" | "prompt", "max_tokens", sampling fields as given,
- *  "cache_salt", "seed", "audio" when spoken, "audio_in" and
+ *  "thinking" false when turned off, "cache_salt", "seed", "audio" when
+ *  spoken, "audio_in" and
  *  "max_audio_seconds" with audio in}; speech: {"model", "input",
  *  "audio"}. The yajl_gen statuses are or-ed:
  * yajl_gen_status_ok is 0, so any failure leaves the result nonzero.
@@ -663,6 +668,11 @@ ngx_http_omni_gen_request(ngx_http_request_t *r, yajl_gen g,
             s |= ngx_http_omni_gen_str(g, ngx_http_omni_sampling[i]);
             s |= ngx_http_omni_gen_value(g, v);
         }
+    }
+
+    if (f->no_think) {
+        s |= ngx_http_omni_gen_str(g, "thinking");
+        s |= yajl_gen_bool(g, 0);
     }
 
     if (f->salt.len) {

@@ -52,6 +52,8 @@ typedef struct {
                                                omni_api_keys is on; empty:
                                                none */
     int64_t                     max_tokens; /* 0: none */
+    unsigned                    no_think:1; /* the engine's "thinking":
+                                               false */
     int64_t                     seed;       /* the client's, or drawn */
 } ngx_http_omni_fields_t;
 
@@ -97,6 +99,8 @@ ngx_int_t ngx_http_omni_check_tools(ngx_http_request_t *r,
     yajl_val root, ngx_http_omni_error_t *err);
 ngx_int_t ngx_http_omni_check_legacy(ngx_http_request_t *r,
     yajl_val root, ngx_http_omni_error_t *err);
+ngx_int_t ngx_http_omni_check_thinking(ngx_http_request_t *r,
+    yajl_val root, ngx_http_omni_fields_t *f, ngx_http_omni_error_t *err);
 ngx_int_t ngx_http_omni_check_salt(ngx_http_request_t *r,
     yajl_val root, ngx_http_omni_fields_t *f, ngx_http_omni_error_t *err);
 ngx_int_t ngx_http_omni_check_seed(ngx_http_request_t *r,

@@ -10,7 +10,8 @@
  * the upstream input filter reads the engine's frames (the resumable
  * parser of ngx_http_omni_upstream.c) and makes each an SSE event, sent
  * and flushed at once: the chat role chunk before the first text, a
- * chunk per TEXT, at DONE the finish chunk, the usage chunk if asked for
+ * chunk per TEXT (delta.content) and per REASONING (delta.reasoning_content),
+ * at DONE the finish chunk, the usage chunk if asked for
  * and [DONE]; an ERROR, or a failure of the engine, as one error event
  * that ends the stream. Spoken responses' frames are
  * ngx_http_omni_audio.c's. Apart from ngx_http_omni_upstream.c, which
@@ -90,7 +91,8 @@ ngx_http_omni_stream_start(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx)
         || !(h.type == OMNI_F_DONE
              || (h.type == OMNI_F_AUDIO && ngx_http_omni_spoken(ctx))
              || (h.type == OMNI_F_TRANSCRIPT && stt)
-             || (h.type == OMNI_F_TEXT && !stt
+             || ((h.type == OMNI_F_TEXT || h.type == OMNI_F_REASONING)
+                 && !stt
                  && ctx->endpoint->kind != NGX_HTTP_OMNI_KIND_SPEECH)))
     {
         return NGX_DECLINED;
@@ -212,6 +214,12 @@ ngx_http_omni_stream_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
         return ngx_http_omni_audio_frame(r, ctx, payload);
     }
 
+    /* a spoken answer's reasoning is not part of it */
+
+    if (ngx_http_omni_spoken(ctx) && ctx->frame.type == OMNI_F_REASONING) {
+        return NGX_OK;
+    }
+
     if (ctx->endpoint->kind == NGX_HTTP_OMNI_KIND_TRANSCRIPTION
         && ctx->frame.type != OMNI_F_ERROR)
     {
@@ -231,6 +239,28 @@ ngx_http_omni_stream_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
         }
 
         cl = ngx_http_omni_chunk_text(r, ctx, payload->data, payload->len);
+        if (cl == NULL) {
+            return NGX_ERROR;
+        }
+
+        return ngx_http_omni_send_event(r, ctx, cl) == NGX_ERROR
+               ? NGX_ERROR : NGX_OK;
+
+    case OMNI_F_REASONING:
+
+        /* a thinking model's reasoning, chat only (the engine sends it
+         * for messages, never for a prompt) */
+
+        if (ctx->endpoint->kind != NGX_HTTP_OMNI_KIND_CHAT) {
+            break;
+        }
+
+        if (ngx_http_omni_stream_role(r, ctx) != NGX_OK) {
+            return NGX_ERROR;
+        }
+
+        cl = ngx_http_omni_chunk_reasoning(r, ctx, payload->data,
+                                           payload->len);
         if (cl == NULL) {
             return NGX_ERROR;
         }

@@ -961,7 +961,7 @@ ngx_http_omni_transcript_done(ngx_http_request_t *r,
     ctx->done = 1;
     ngx_http_omni_keepalive_stop(ctx);
 
-    text = ngx_http_omni_text(r, ctx, &len);
+    text = ngx_http_omni_text(r, ctx->text, &len);
     if (text == NULL && len > 0) {
         return NGX_ERROR;
     }

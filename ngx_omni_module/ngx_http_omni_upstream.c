@@ -52,7 +52,7 @@ static ngx_int_t ngx_http_omni_process_header(ngx_http_request_t *r);
 static ngx_int_t ngx_http_omni_header_frame(ngx_http_request_t *r,
     ngx_http_omni_ctx_t *ctx, ngx_str_t *payload);
 static ngx_int_t ngx_http_omni_gather(ngx_http_request_t *r,
-    ngx_http_omni_ctx_t *ctx, ngx_str_t *text);
+    ngx_chain_t **chain, ngx_chain_t **last, ngx_str_t *text);
 static ngx_int_t ngx_http_omni_input_filter_init(void *data);
 static void ngx_http_omni_abort_request(ngx_http_request_t *r);
 static void ngx_http_omni_finalize_request(ngx_http_request_t *r,
@@ -207,6 +207,8 @@ ngx_http_omni_reinit_request(ngx_http_request_t *r)
     ctx->done = 0;
     ctx->text = NULL;
     ctx->text_last = NULL;
+    ctx->reasoning = NULL;
+    ctx->reasoning_last = NULL;
     ctx->audio = NULL;
     ctx->audio_last = NULL;
     ctx->audio_len = 0;
@@ -349,7 +351,31 @@ ngx_http_omni_header_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
             return NGX_AGAIN;
         }
 
-        if (ngx_http_omni_gather(r, ctx, payload) != NGX_OK) {
+        if (ngx_http_omni_gather(r, &ctx->text, &ctx->text_last, payload)
+            != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+
+        return NGX_AGAIN;
+
+    case OMNI_F_REASONING:
+
+        /* a thinking model's reasoning: chat's reasoning_content; a
+         * spoken answer has none (its text is the transcript) */
+
+        if (!completion || ep->kind != NGX_HTTP_OMNI_KIND_CHAT) {
+            break;
+        }
+
+        if (ctx->req.audio) {
+            return NGX_AGAIN;
+        }
+
+        if (ngx_http_omni_gather(r, &ctx->reasoning, &ctx->reasoning_last,
+                                 payload)
+            != NGX_OK)
+        {
             return NGX_ERROR;
         }
 
@@ -413,12 +439,12 @@ ngx_http_omni_header_frame(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
 }
 
 
-/* Non-streaming TEXT: appended to ctx->text, in buffers of at least
- * NGX_HTTP_OMNI_TEXT_BUF bytes. */
+/* Non-streaming TEXT (or REASONING): appended to *chain, whose last link
+ * is *last, in buffers of at least NGX_HTTP_OMNI_TEXT_BUF bytes. */
 
 static ngx_int_t
-ngx_http_omni_gather(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
-    ngx_str_t *text)
+ngx_http_omni_gather(ngx_http_request_t *r, ngx_chain_t **chain,
+    ngx_chain_t **last, ngx_str_t *text)
 {
     ngx_chain_t  *cl;
 
@@ -426,10 +452,10 @@ ngx_http_omni_gather(ngx_http_request_t *r, ngx_http_omni_ctx_t *ctx,
         return NGX_OK;
     }
 
-    cl = ctx->text_last;
+    cl = *last;
 
     if (cl == NULL || (size_t) (cl->buf->end - cl->buf->last) < text->len) {
-        cl = ngx_http_omni_chain_add(r, &ctx->text, &ctx->text_last,
+        cl = ngx_http_omni_chain_add(r, chain, last,
                                      ngx_max(text->len,
                                              NGX_HTTP_OMNI_TEXT_BUF));
         if (cl == NULL) {

@@ -160,6 +160,8 @@ int client_generate(const ClientRequest *rq, FILE *out, OmniDone *done,
         if (r.hdr.type == OMNI_F_TEXT) {
             fwrite(r.payload, 1, r.hdr.len, out);
             fflush(out);
+        } else if (r.hdr.type == OMNI_F_REASONING) {
+            continue;                   // the answer only
         } else if (r.hdr.type == OMNI_F_DONE) {
             rc = omni_done_decode(done, r.payload) == 0 ? 0
                  : err_set(err, "the engine sent a malformed DONE event");

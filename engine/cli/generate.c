@@ -303,7 +303,7 @@ int gen_run(Generator *g, const int32_t *prompt, int64_t n_prompt,
 {
     StopMatcher  sm;
     TopLog       tl;
-    DecodeLimits lim = { p->max_tokens, g->n_ctx, false };
+    DecodeLimits lim = { p->max_tokens, g->n_ctx, false, false };
     double       t0 = clock_now_s(), t1;
 
     memset(st, 0, sizeof(*st));

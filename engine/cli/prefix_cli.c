@@ -49,7 +49,7 @@ static int published(const OmniRequest *r, const Vocab *v, int bs,
     int        n_chain = pkeys_chain_len(r), n_keys, rc = -1;
     size_t    *ends = malloc((size_t) r->n_msgs * sizeof(size_t));
     PrefixKey  keys[OMNI_PKEY_MAX];
-    long       len = chat_render(v->tmpl, r->msgs, r->n_msgs, true, NULL, 0,
+    long       len = chat_render(v->tmpl, r->msgs, r->n_msgs, CHAT_ADD_GEN, NULL, 0,
                                  ends, err);
     char      *text = len >= 0 ? malloc((size_t) len + 1) : NULL;
     int32_t   *toks = len >= 0 ? malloc((2 * (size_t) len + 2)
@@ -60,7 +60,7 @@ static int published(const OmniRequest *r, const Vocab *v, int bs,
         if (len >= 0) err_set(err, "out of memory");
         goto out;
     }
-    chat_render(v->tmpl, r->msgs, r->n_msgs, true, text, (size_t) len + 1,
+    chat_render(v->tmpl, r->msgs, r->n_msgs, CHAT_ADD_GEN, text, (size_t) len + 1,
                 ends, err);
     /* at most a token a byte, and one more for each dummy prefix and
        each of BOS and EOS */

@@ -372,6 +372,14 @@ void route_event(Frontend *fe, Stage *s, uint64_t id, const OmniFrameHdr *h,
         queued(fe, c, frame_put(&c->wr, h->type, body, h->len),
                "a transcript");
         return;
+    case OMNI_F_REASONING:              // the thinker's: never spoken
+        if (c->t_first == 0) {
+            c->t_first = clock_now_s();
+            hist_observe(&fe->metrics.ttft, c->t_first - c->t_arrive, 1);
+        }
+        queued(fe, c, frame_put(&c->wr, h->type, body, h->len),
+               "reasoning");
+        return;
     case OMNI_F_TEXT:
         if (!last) to_next(fe, c, i, h->type, body, h->len);
         if (s != row(fe, STAGES_THINKER)) return;

@@ -352,6 +352,7 @@ static bool event_valid(const Frontend *fe, const OmniFrameHdr *h,
     }
     switch (h->type) {
     case OMNI_F_TEXT:
+    case OMNI_F_REASONING:
     case OMNI_F_TRANSCRIPT: return h->len > 0;
     case OMNI_F_DONE:  return omni_done_decode(&d, body) == 0;
     case OMNI_F_ERROR: return omni_error_decode(&e, body, len) == 0;

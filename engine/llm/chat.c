@@ -59,6 +59,7 @@ static const char *chat_names[] = {
     [CHAT_GEMMA]             = "gemma",
     [CHAT_PHI3]              = "phi3",
     [CHAT_ZEPHYR]            = "zephyr",
+    [CHAT_QWEN3]             = "qwen3",
 };
 
 #define CHAT_N_TEMPLATES ((int) (sizeof(chat_names) / sizeof(chat_names[0])))
@@ -74,6 +75,8 @@ static const TaggedFormat tagged[] = {
                       false },
     [CHAT_ZEPHYR] = { "<|", "|>\n", "<|endoftext|>\n", "<|assistant|>\n",
                       false },
+    [CHAT_QWEN3]  = { "<|im_start|>", "\n", "<|im_end|>\n",
+                      "<|im_start|>assistant\n", false },
 };
 
 
@@ -100,13 +103,23 @@ static int detect_inst(const char *t, size_t len) {
     return CHAT_LLAMA2;
 }
 
+/* Qwen3's template (a chatml one): enable_thinking turns thinking off
+ * with an empty think block ('<think>\n\n</think>\n\n', escapes as
+ * the Jinja source spells them), and the generation prompt does not open
+ * one itself (Qwen3.5's and MiniCPM5's {{- '<think>\n' }} do). */
+static bool is_qwen3(const char *t, size_t len) {
+    return has(t, len, "enable_thinking")
+           && has(t, len, "'<think>\\n\\n</think>\\n\\n'")
+           && !has(t, len, "'<think>\\n' }}");
+}
+
 /* llama.cpp's chain up to Llama 3; -1 for a family we do not render (the
  * comment names it) or no match. */
 static int detect_markers(const char *t, size_t len) {
     if (has(t, len, "<|im_start|>")) {
         if (has(t, len, "<|im_sep|>")) return -1;              /* phi4 */
         if (has(t, len, "<end_of_utterance>")) return -1;      /* smolvlm */
-        return CHAT_CHATML;
+        return is_qwen3(t, len) ? CHAT_QWEN3 : CHAT_CHATML;
     }
     if ((len >= 7 && memcmp(t, "mistral", 7) == 0) || has(t, len, "[INST]")) {
         return detect_inst(t, len);
@@ -175,6 +188,10 @@ ChatTemplate chat_detect(const char *tmpl, size_t len, bool *known) {
 const char *chat_name(ChatTemplate t) {
     if ((int) t < 0 || (int) t >= CHAT_N_TEMPLATES) return "unknown";
     return chat_names[t];
+}
+
+bool chat_thinks(ChatTemplate t) {
+    return t == CHAT_QWEN3;
 }
 
 int chat_from_name(const char *name) {
@@ -252,8 +269,8 @@ static bool role_is_name(const char *role) {
 }
 
 static int check_roles(ChatTemplate t, const ChatMsg *msgs, int n, Err *err) {
-    bool named = t == CHAT_CHATML || t == CHAT_LLAMA3 || t == CHAT_PHI3
-                 || t == CHAT_ZEPHYR;
+    bool named = t == CHAT_CHATML || t == CHAT_QWEN3 || t == CHAT_LLAMA3
+                 || t == CHAT_PHI3 || t == CHAT_ZEPHYR;
 
     for (int i = 0; i < n; i++) {
         const char *r = msgs[i].role != NULL ? msgs[i].role : "";
@@ -283,6 +300,34 @@ static void render_tagged(Out *o, const TaggedFormat *f, const ChatMsg *msgs,
         end_msg(o, i);
     }
     if (gen) put_str(o, f->gen);
+}
+
+/* Qwen3: chatml, but an assistant message without its reasoning (what
+ * follows its last </think>, newlines stripped from its start, as Qwen3's
+ * template splits it), and thinking off answered in advance with an empty
+ * think block. */
+static void render_qwen3(Out *o, const ChatMsg *msgs, int n, unsigned flags)
+{
+    const TaggedFormat *f = &tagged[CHAT_QWEN3];
+
+    for (int i = 0; i < n; i++) {
+        const char *c = msgs[i].content, *p;
+
+        if (is_role(msgs[i].role, "assistant")) {
+            while ((p = strstr(c, "</think>")) != NULL) c = p + 8;
+            if (c != msgs[i].content) c += strspn(c, "\n");
+        }
+        put_str(o, f->open);
+        put_str(o, msgs[i].role);
+        put_str(o, f->mid);
+        put_str(o, c);
+        put_str(o, f->close);
+        end_msg(o, i);
+    }
+    if (flags & CHAT_ADD_GEN) {
+        put_str(o, f->gen);
+        if (flags & CHAT_NO_THINK) put_str(o, "<think>\n\n</think>\n\n");
+    }
 }
 
 /* "[INST] " opens the first turn (its BOS is the tokenizer's); a system
@@ -420,9 +465,10 @@ static void render_plain(Out *o, const ChatMsg *msgs, int n, bool gen) {
 }
 
 long chat_render(ChatTemplate t, const ChatMsg *msgs, int n,
-                 bool add_generation_prompt, char *buf, size_t cap,
+                 unsigned flags, char *buf, size_t cap,
                  size_t *ends, Err *err) {
-    Out o = { buf, cap, 0, ends };
+    Out  o = { buf, cap, 0, ends };
+    bool add_generation_prompt = (flags & CHAT_ADD_GEN) != 0;
 
     if ((int) t < 0 || (int) t >= CHAT_N_TEMPLATES) {
         return err_set(err, "chat template %d is unknown", (int) t);
@@ -432,6 +478,9 @@ long chat_render(ChatTemplate t, const ChatMsg *msgs, int n,
     switch (t) {
     case CHAT_CHATML: case CHAT_LLAMA3: case CHAT_PHI3: case CHAT_ZEPHYR:
         render_tagged(&o, &tagged[t], msgs, n, add_generation_prompt);
+        break;
+    case CHAT_QWEN3:
+        render_qwen3(&o, msgs, n, flags);
         break;
     case CHAT_LLAMA2: case CHAT_LLAMA2_SYS: case CHAT_LLAMA2_SYS_BOS:
     case CHAT_LLAMA2_SYS_STRIP:

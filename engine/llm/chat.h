@@ -7,6 +7,12 @@
  * llm_chat_apply_template does:
  *
  *   chatml   <|im_start|>role\ncontent<|im_end|>\n     (Qwen, SmolLM, ...)
+ *   qwen3    chatml, as Qwen3's own template renders it: an assistant
+ *            message loses its reasoning (the text up to the last
+ *            </think>, and the newlines after it), and with thinking off
+ *            the generation prompt ends with an empty <think>\n\n</think>
+ *            \n\n. A thinking template (chat_thinks): the model's output
+ *            opens with <think>...</think> (think.h splits it off).
  *   llama3   <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|>
  *   llama2   [INST] <<SYS>>\n...\n<</SYS>>\n\n... [/INST]  (4 variants:
  *            no system block, <<SYS>>, "<s>" inside history, stripped)
@@ -18,6 +24,17 @@
  *   zephyr   <|user|>\n...<|endoftext|>\n<|assistant|>\n  (also detected
  *            when the template spells out <|assistant|>, which llama.cpp
  *            sends to GLM-Edge instead: our one deviation from it)
+ *
+ * qwen3 is ours, not llama.cpp's legacy list (which says chatml): it is
+ * told from chatml by enable_thinking and the literal empty think block
+ * of its generation prompt, in a template whose generation prompt does not
+ * open <think> itself (Qwen3.5 and MiniCPM5 do: they stay chatml). Its one
+ * deviation from Qwen3's template: Qwen3 keeps the reasoning of assistant
+ * turns after the last user turn (a tool-call loop, which we do not
+ * serve); we drop every one's, so that a message's rendering depends on
+ * it and the ones before it alone (chat_render's ends). Tool messages
+ * render as chatml's ("<|im_start|>tool"), as llama.cpp's legacy
+ * renderer does.
  *
  * Templates of other families llama.cpp knows (phi4, command-r, deepseek,
  * ...) are reported unknown rather than mistaken for one of ours: a Phi-4
@@ -57,7 +74,13 @@ typedef enum {
     CHAT_GEMMA,
     CHAT_PHI3,
     CHAT_ZEPHYR,
+    CHAT_QWEN3,                 // chatml with <think> reasoning
 } ChatTemplate;
+
+/* chat_render's flags. */
+#define CHAT_ADD_GEN    1u      // add the generation prompt
+#define CHAT_NO_THINK   2u      // thinking off (thinking templates only;
+                                //   the others ignore it)
 
 
 /* Detects the family from the template text (tmpl need not be
@@ -74,11 +97,16 @@ const char  *chat_name(ChatTemplate t);
 /* Parses a name chat_name() returns; -1 when unknown. */
 int          chat_from_name(const char *name);
 
-/* Renders n messages into buf (cap bytes, NUL-terminated when cap > 0).
+/* Whether t is a thinking template: its model opens its answer with
+ * <think>...</think> unless CHAT_NO_THINK rendered the prompt. */
+bool         chat_thinks(ChatTemplate t);
+
+/* Renders n messages into buf (cap bytes, NUL-terminated when cap > 0);
+ * flags are CHAT_ADD_GEN and CHAT_NO_THINK, or-ed.
  * Returns the full length, which may be >= cap (then the caller retries
  * with more room), or -1 with err set for a role the template cannot
- * express. Roles are "system", "user", "assistant"; chatml, llama3, phi3
- * and zephyr print the role itself and so also take any other name of
+ * express. Roles are "system", "user", "assistant"; chatml, qwen3, llama3,
+ * phi3 and zephyr print the role itself and so also take any other name of
  * letters, digits, '_' and '-' ("tool"). The messages are only read.
  *
  * ends (n entries, or NULL) gets where each message's rendering ends:
@@ -89,7 +117,7 @@ int          chat_from_name(const char *name);
  * that message's end is where the text before it ends: earlier, never
  * later. Set even when the text does not fit cap. */
 long chat_render(ChatTemplate t, const ChatMsg *msgs, int n,
-                 bool add_generation_prompt, char *buf, size_t cap,
+                 unsigned flags, char *buf, size_t cap,
                  size_t *ends, Err *err);
 
 #endif

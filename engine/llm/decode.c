@@ -25,7 +25,8 @@ int decode_init(Decoder *d, const Tokenizer *tk, int32_t n_vocab, Err *err)
     if (sampler_init(&d->smp, &def, n_vocab, err) != 0) return -1;
     d->piece = malloc(DECODE_PIECE_CAP);
     d->text = malloc(DECODE_TEXT_CAP);
-    if (d->piece == NULL || d->text == NULL) {
+    d->split = malloc(DECODE_TEXT_CAP + THINK_HOLD);
+    if (d->piece == NULL || d->text == NULL || d->split == NULL) {
         decode_free(d);
         return err_set(err, "out of memory");
     }
@@ -36,7 +37,8 @@ void decode_free(Decoder *d) {
     sampler_free(&d->smp);
     free(d->piece);
     free(d->text);
-    d->piece = d->text = NULL;
+    free(d->split);
+    d->piece = d->text = d->split = NULL;
 }
 
 int decode_start(Decoder *d, const SamplerParams *sp, const StopMatcher *stop,
@@ -48,19 +50,23 @@ int decode_start(Decoder *d, const SamplerParams *sp, const StopMatcher *stop,
     d->lim = *lim;
     d->n_prompt = n_prompt;
     d->n_gen = 0;
+    think_start(&d->think, lim->think);
     return 0;
 }
 
 DecodeEnd decode_take(Decoder *d, int32_t tok, DecodeEmitFn emit, void *ud)
 {
     size_t n;
+    int    rc;
 
     if (!d->lim.ignore_eos && tokenizer_is_eog(d->tk, tok)) return DECODE_EOS;
     sampler_accept(&d->smp, tok);
     d->n_gen++;
     n = detok_push(&d->detok, d->tk, tok, d->piece, DECODE_PIECE_CAP);
     n = stop_feed(&d->stop, d->piece, n, d->text, DECODE_TEXT_CAP);
-    if (n > 0 && emit(ud, d->text, n) != 0) return DECODE_CANCEL;
+    rc = n > 0 ? think_feed(&d->think, d->text, n, d->split, emit, ud) : 0;
+    think_token(&d->think);
+    if (rc != 0) return DECODE_CANCEL;
     if (d->stop.stopped) return DECODE_STOP;
     if ((d->lim.max_tokens >= 0 && d->n_gen >= d->lim.max_tokens)
         || d->n_prompt + d->n_gen > d->lim.n_ctx)
@@ -78,13 +84,15 @@ DecodeEnd decode_token(Decoder *d, float *logits, int32_t *tok,
 }
 
 void decode_finish(Decoder *d, DecodeEmitFn emit, void *ud) {
-    size_t n;
+    size_t n = 0;
 
-    if (d->stop.stopped) return;
-    n = detok_flush(&d->detok, d->piece, DECODE_PIECE_CAP);
-    n = stop_feed(&d->stop, d->piece, n, d->text, DECODE_TEXT_CAP);
     if (!d->stop.stopped) {
-        n += stop_flush(&d->stop, d->text + n, DECODE_TEXT_CAP - n);
+        n = detok_flush(&d->detok, d->piece, DECODE_PIECE_CAP);
+        n = stop_feed(&d->stop, d->piece, n, d->text, DECODE_TEXT_CAP);
+        if (!d->stop.stopped) {
+            n += stop_flush(&d->stop, d->text + n, DECODE_TEXT_CAP - n);
+        }
     }
-    if (n > 0) emit(ud, d->text, n);
+    if (n > 0) think_feed(&d->think, d->text, n, d->split, emit, ud);
+    think_flush(&d->think, d->split, emit, ud);
 }

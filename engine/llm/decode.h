@@ -2,8 +2,9 @@
  *
  *   sample -> end of generation (an EOS token ends the sequence unless
  *   ignored; it is not taken, not counted) -> accept (penalties) ->
- *   detokenize (whole UTF-8 characters only) -> stop strings -> emit ->
- *   limits (max_tokens, a full context)
+ *   detokenize (whole UTF-8 characters only) -> stop strings -> reasoning
+ *   split (think.h, when asked) -> emit -> limits (max_tokens, a full
+ *   context)
  *
  * and, once the sequence has ended, the tail: the bytes the detokenizer and
  * the stop matcher still hold back. The `generate` CLI (one sequence) and
@@ -16,7 +17,10 @@
  * text scratch); decode_start readies it for a new sequence without
  * allocating, so a scheduler keeps one per slot and the step loop never
  * allocates. Text goes out through a callback, called only with n > 0
- * bytes, valid for the call only. */
+ * bytes, valid for the call only, each run marked as content or reasoning
+ * (always content unless the sequence splits reasoning). Stop strings
+ * match the text before the split: a stop string inside the reasoning
+ * ends the sequence there. */
 
 #ifndef OMNI_DECODE_H
 #define OMNI_DECODE_H
@@ -29,6 +33,7 @@
 #include "params.h"
 #include "sampler.h"
 #include "stop.h"
+#include "think.h"
 #include "tokenizer.h"
 
 /* One token's text plus what the detokenizer may hold back. The
@@ -45,8 +50,9 @@ typedef enum {
     DECODE_LENGTH       // max_tokens, or no room left to run the token
 } DecodeEnd;
 
-/* Receives generated text; a nonzero return cancels the sequence. */
-typedef int (*DecodeEmitFn)(void *ud, const char *text, size_t len);
+/* Receives generated text of one kind; a nonzero return cancels the
+ * sequence. */
+typedef ThinkEmitFn DecodeEmitFn;
 
 typedef struct {
     int64_t max_tokens;     // tokens to take at most; -1: no limit but
@@ -55,6 +61,8 @@ typedef struct {
                             //   the token that would sit at position n_ctx
                             //   is taken and emitted, then ends it
     bool    ignore_eos;     // take end-of-generation tokens as text
+    bool    think;          // split a leading <think>...</think> off as
+                            //   reasoning (think.h)
 } DecodeLimits;
 
 typedef struct {
@@ -69,6 +77,9 @@ typedef struct {
                                 //   owned
     char            *text;      // (DECODE_PIECE_CAP + STOP_MAX_LEN,) stop
                                 //   matcher output, owned
+    ThinkSplit       think;     // reasoning split; its n_reasoning counts
+    char            *split;     // (DECODE_PIECE_CAP + STOP_MAX_LEN +
+                                //   THINK_HOLD,) its runs, owned
 } Decoder;
 
 /* Allocates d's scratch for a vocabulary of n_vocab tokens; tk is borrowed
@@ -101,7 +112,8 @@ DecodeEnd decode_token(Decoder *d, float *logits, int32_t *tok,
                        DecodeEmitFn emit, void *ud);
 
 /* Ends the sequence's text: emits what the detokenizer and the stop matcher
- * still hold, unless a stop string ended it. Call once, after the step
+ * still hold, unless a stop string ended it, then what the reasoning split
+ * holds (think_flush). Call once, after the step
  * that did not return DECODE_MORE (or when the caller stops early). Never
  * allocates. Can't fail; emit's return is ignored. */
 void      decode_finish(Decoder *d, DecodeEmitFn emit, void *ud);

@@ -61,9 +61,10 @@ int runtime_backend(Runtime *rt, int n_threads, const char *isa,
 /* chat_render says how long the text is when it does not fit, so one
  * retry with that room always does. */
 long runtime_render_chat(const Runtime *rt, const ChatMsg *msgs, int n,
-                         char **buf, size_t *cap, size_t *ends, Err *err)
+                         unsigned flags, char **buf, size_t *cap,
+                         size_t *ends, Err *err)
 {
-    long len = chat_render(rt->tmpl, msgs, n, true, *buf, *cap, ends, err);
+    long len = chat_render(rt->tmpl, msgs, n, flags, *buf, *cap, ends, err);
 
     if (len >= 0 && (size_t) len >= *cap) {
         char *grown = realloc(*buf, (size_t) len + 1);
@@ -71,7 +72,7 @@ long runtime_render_chat(const Runtime *rt, const ChatMsg *msgs, int n,
         if (grown == NULL) return err_set(err, "out of memory");
         *buf = grown;
         *cap = (size_t) len + 1;
-        len = chat_render(rt->tmpl, msgs, n, true, *buf, *cap, ends, err);
+        len = chat_render(rt->tmpl, msgs, n, flags, *buf, *cap, ends, err);
     }
     return len;
 }

@@ -63,14 +63,15 @@ int  runtime_load(Runtime *rt, const char *path, GGUFLoad how, Err *err);
 int  runtime_backend(Runtime *rt, int n_threads, const char *isa,
                      int64_t max_tokens, int64_t max_ctx, Err *err);
 
-/* Renders n messages with rt->tmpl into *buf (*cap bytes; both may be
- * NULL/0), growing it with realloc when it is short: *buf stays the
+/* Renders n messages with rt->tmpl and chat_render's flags into *buf
+ * (*cap bytes; both may be NULL/0), growing it with realloc when it is short: *buf stays the
  * caller's, to reuse or free. ends (n entries, or NULL) as chat_render's.
  * Returns the length, or -1 with err set (a role the template cannot
  * express, out of memory). Only reads rt, so it may run on a helper
  * thread. */
 long runtime_render_chat(const Runtime *rt, const ChatMsg *msgs, int n,
-                         char **buf, size_t *cap, size_t *ends, Err *err);
+                         unsigned flags, char **buf, size_t *cap,
+                         size_t *ends, Err *err);
 
 /* Frees what rt holds, in reverse order of building. Can't fail. */
 void runtime_free(Runtime *rt);

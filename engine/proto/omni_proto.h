@@ -13,8 +13,8 @@
  *
  *   request:  client sends REQUEST (JSON, see request.h) and, when the JSON
  *             has "audio_in", the bytes of those audio inputs in AUDIO_IN
- *             frames; the engine answers with TEXT*, AUDIO* and
- *             TRANSCRIPT* (interleaved) then exactly one DONE or ERROR,
+ *             frames; the engine answers with REASONING*, TEXT*, AUDIO*
+ *             and TRANSCRIPT* (interleaved) then exactly one DONE or ERROR,
  *             then closes. The engine may answer (an ERROR) before the
  *             audio is all sent; the client then stops sending.
  *             A client that closes its end first cancels the request: the
@@ -41,6 +41,12 @@
  *
  *   TEXT       raw UTF-8, whole characters (never split), 1..OMNI_MAX_TEXT.
  *              With speech out, the text being spoken (the transcript).
+ *   REASONING  raw UTF-8 as TEXT, 1..OMNI_MAX_TEXT: the model's reasoning
+ *              (a thinking template's text between <think> and </think>,
+ *              llm/think.h), which the client shows apart from the answer
+ *              (OpenAI's reasoning_content); never spoken. Sent only for a
+ *              chat request to a model with a thinking template and
+ *              thinking on; it precedes every TEXT of the request.
  *   AUDIO      1..OMNI_MAX_AUDIO bytes of the audio stream in the format
  *              the request asked for ("audio.format", request.h), in order:
  *              the concatenation of every AUDIO payload is the file (or,
@@ -71,7 +77,10 @@
  *              audio_tokens (speech units the talker produced: phones;
  *              0 without speech out), u32 audio_ms (milliseconds of audio
  *              sent), u32 input_audio_ms (milliseconds of audio input
- *              decoded, every input; 0 without "audio_in"), u32 zero.
+ *              decoded, every input; 0 without "audio_in"), u32
+ *              reasoning_tokens (of completion_tokens, those taken while
+ *              the model was reasoning: up to and including the one that
+ *              ends </think>; 0 without REASONING).
  *              For /v1/audio/speech's "input", prompt_tokens counts
  *              the words the talker read and completion_tokens is 0; for
  *              a transcription both are 0.
@@ -102,10 +111,12 @@
 
 /* 2: DONE carries the seed (24 bytes, was 16). 3: AUDIO events, and DONE
  * carries audio_tokens and audio_ms (32 bytes). 4: AUDIO_IN and
- * TRANSCRIPT frames, and DONE carries input_audio_ms (40 bytes). A module
+ * TRANSCRIPT frames, and DONE carries input_audio_ms (40 bytes). 5:
+ * REASONING frames, and DONE carries reasoning_tokens (in what was its
+ * zero tail; still 40 bytes). A module
  * and an engine of different versions refuse each other's frames by name instead of
  * misreading them (a binary upgrade keeps the old engine running). */
-#define OMNI_PROTO_VERSION  4
+#define OMNI_PROTO_VERSION  5
 #define OMNI_FRAME_HDR      8
 
 /* Limits on payload lengths, checked before anything is allocated. */
@@ -137,6 +148,7 @@ typedef enum {
     OMNI_F_MODELS_R  = 21,
     OMNI_F_METRICS_R = 22,
     OMNI_F_TRANSCRIPT = 23,
+    OMNI_F_REASONING = 24,
 
     /* frontend <-> stage (internal; see stage_channel.h) */
     OMNI_F_STAGE_MIN = 64,
@@ -219,6 +231,7 @@ static inline uint32_t omni_frame_limit(uint8_t type, OmniDirection dir) {
     }
     switch (type) {
     case OMNI_F_TEXT:      return OMNI_MAX_TEXT;
+    case OMNI_F_REASONING: return OMNI_MAX_TEXT;
     case OMNI_F_AUDIO:     return OMNI_MAX_AUDIO;
     case OMNI_F_TRANSCRIPT: return OMNI_MAX_TEXT;
     case OMNI_F_DONE:      return OMNI_DONE_LEN;
@@ -254,6 +267,9 @@ static inline const char *omni_frame_check(const OmniFrameHdr *h,
     if (h->type == OMNI_F_TRANSCRIPT && h->len == 0) {
         return "empty TRANSCRIPT";
     }
+    if (h->type == OMNI_F_REASONING && h->len == 0) {
+        return "empty REASONING";
+    }
     return NULL;
 }
 
@@ -267,6 +283,7 @@ typedef struct {
                                 //   speech out
     uint32_t audio_ms;          // audio sent, milliseconds
     uint32_t input_audio_ms;    // audio input decoded, milliseconds
+    uint32_t reasoning_tokens;  // of completion_tokens, reasoning
 } OmniDone;
 
 static inline void omni_done_encode(uint8_t *p, const OmniDone *d) {
@@ -279,7 +296,7 @@ static inline void omni_done_encode(uint8_t *p, const OmniDone *d) {
     omni_wr32(p + 24, d->audio_tokens);
     omni_wr32(p + 28, d->audio_ms);
     omni_wr32(p + 32, d->input_audio_ms);
-    omni_wr32(p + 36, 0);
+    omni_wr32(p + 36, d->reasoning_tokens);
 }
 
 /* A fresh seed for a request that sent none: 63 random bits, so it is a
@@ -310,6 +327,7 @@ static inline int omni_done_decode(OmniDone *d, const uint8_t *p) {
     d->audio_tokens = omni_rd32(p + 24);
     d->audio_ms = omni_rd32(p + 28);
     d->input_audio_ms = omni_rd32(p + 32);
+    d->reasoning_tokens = omni_rd32(p + 36);
     return d->finish <= OMNI_FINISH_LENGTH ? 0 : -1;
 }
 

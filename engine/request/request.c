@@ -412,6 +412,13 @@ static int parse_root(Parser *p, yajl_val o, OmniRequest *r) {
         }
         r->ignore_eos = YAJL_IS_TRUE(v);
     }
+    r->thinking = true;
+    if ((v = req_member(o, "thinking")) != NULL) {
+        if (!YAJL_IS_TRUE(v) && !YAJL_IS_FALSE(v)) {
+            return req_fail_type(p, "thinking", "a boolean", v);
+        }
+        r->thinking = YAJL_IS_TRUE(v);
+    }
     if ((v = req_member(o, "cache_salt")) == NULL) return 0;
     if (req_get_string(p, "cache_salt", v, &r->cache_salt,
                        &r->cache_salt_len)) {

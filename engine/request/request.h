@@ -22,6 +22,10 @@
  *     "logit_bias":        {"1234": -100},         [-100, 100], <= 300 keys
  *     "stop":              "\n" or ["a", "b"],     <= 4, 1..255 bytes each
  *     "ignore_eos":        false,                  keep going past EOS
+ *     "thinking":          true,                   false: a thinking
+ *                                                  template (chat.h)
+ *                                                  renders thinking off;
+ *                                                  others ignore it
  *     "cache_salt":        "tenant-7",             prefix-cache isolation
  *     "audio": {                                   speech out (speech.h)
  *       "voice":  "alloy",                         required; a name of the
@@ -149,6 +153,7 @@ typedef struct {
     const char    *stop[STOP_MAX];
     int            n_stop;
     bool           ignore_eos;
+    bool           thinking;        // true unless "thinking": false
     const char    *cache_salt;      // NULL when absent
     size_t         cache_salt_len;
     AudioIn       *audio_in;        // (n_audio_in,), NULL when none

@@ -60,6 +60,7 @@ typedef struct {
     SamplerParams  sampling;
     StopMatcher    stop;        // initialised (so validated) at submit
     bool           ignore_eos;
+    bool           think;       // split reasoning off
     uint64_t       root;        // kv_root_hash of the cache salt
     int32_t        prev, next;  // FIFO links, or the free list (next); -1
 } Queued;
@@ -137,11 +138,13 @@ static void emit_error(Scheduler *s, uint64_t id, int status,
     }
 }
 
-/* decode.h's emit callback: text to the TEXT event. Never cancels. */
-static int emit_text(void *ud, const char *t, size_t n) {
+/* decode.h's emit callback: text to the text event. Never cancels. */
+static int emit_text(void *ud, TextKind kind, const char *t, size_t n) {
     SeqOut *o = ud;
 
-    if (o->s->ev.text != NULL) o->s->ev.text(o->s->ev.ud, o->id, t, n);
+    if (o->s->ev.text != NULL) {
+        o->s->ev.text(o->s->ev.ud, o->id, kind == TEXT_REASONING, t, n);
+    }
     return 0;
 }
 
@@ -353,6 +356,7 @@ static int queued_params(Scheduler *s, Queued *w, uint64_t id,
     w->max_tokens = p->max_tokens;
     w->sampling = p->sampling;
     w->ignore_eos = p->ignore_eos;
+    w->think = p->think;
     w->root = kv_root_hash(p->cache_salt, p->cache_salt_len);
     return 0;
 }
@@ -543,7 +547,8 @@ static bool admit_head(Scheduler *s) {
     Queued       *w = &s->queue[s->q_head];
     Seq          *q = NULL;
     int64_t       end;
-    DecodeLimits  lim = { w->max_tokens, s->cfg.max_ctx, w->ignore_eos };
+    DecodeLimits  lim = { w->max_tokens, s->cfg.max_ctx, w->ignore_eos,
+                          w->think };
     Err           err;
 
     for (int i = 0; q == NULL; i++) {
@@ -629,6 +634,7 @@ static void seq_finish(Scheduler *s, Seq *q, OmniFinish finish) {
     d.prompt_tokens = (uint32_t) q->n_prompt;
     d.cached_tokens = (uint32_t) q->cached;
     d.completion_tokens = (uint32_t) q->dec.n_gen;
+    d.reasoning_tokens = (uint32_t) q->dec.think.n_reasoning;
     d.finish = (uint8_t) finish;
     d.seed = q->dec.smp.p.seed;
     if (s->ev.done != NULL) s->ev.done(s->ev.ud, q->id, &d);

@@ -73,6 +73,9 @@ typedef struct {
     const char    *stop[STOP_MAX];  // borrowed for the call only
     int            n_stop;
     bool           ignore_eos;
+    bool           think;           // split reasoning off (think.h): a
+                                    //   chat request, thinking on, to a
+                                    //   thinking template
     const void    *cache_salt;      // borrowed for the call only
     size_t         cache_salt_len;
     const char    *prompt_param;    // the request field the prompt came
@@ -82,13 +85,15 @@ typedef struct {
 
 /* Where events go. Called from sched_submit, sched_step and
  * sched_abort_all; the buffers passed are valid for the call only. A
- * request gets STARTED (when first admitted), TEXT*, then DONE; or one
+ * request gets STARTED (when first admitted), TEXT* (each reasoning or
+ * content: SeqParams.think), then DONE; or one
  * ERROR instead, possibly after STARTED and TEXT. Callbacks must not call
  * back into the scheduler. */
 typedef struct {
     void  *ud;
     void (*started)(void *ud, uint64_t id);
-    void (*text)(void *ud, uint64_t id, const char *s, size_t n);
+    void (*text)(void *ud, uint64_t id, bool reasoning, const char *s,
+                 size_t n);
     void (*done)(void *ud, uint64_t id, const OmniDone *d);
     void (*error)(void *ud, uint64_t id, int status, const char *type,
                   const char *param, const char *code, const char *msg);

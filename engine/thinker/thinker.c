@@ -131,8 +131,11 @@ static void ev_started(void *ud, uint64_t id) {
     stage_started(((Thinker *) ud)->st, id);
 }
 
-static void ev_text(void *ud, uint64_t id, const char *s, size_t n) {
-    stage_event(((Thinker *) ud)->st, id, OMNI_F_TEXT, s, n);
+static void ev_text(void *ud, uint64_t id, bool reasoning, const char *s,
+                    size_t n)
+{
+    stage_event(((Thinker *) ud)->st, id,
+                reasoning ? OMNI_F_REASONING : OMNI_F_TEXT, s, n);
 }
 
 static void ev_done(void *ud, uint64_t id, const OmniDone *d) {
@@ -194,9 +197,10 @@ static void prep_tokens(const Thinker *t, Prep *p) {
     Err                err;
 
     if (r->chat) {
-        long clen = runtime_render_chat(&t->rt, r->msgs, r->n_msgs,
-                                        &p->chat, &p->chat_cap, p->ends,
-                                        &err);
+        unsigned flags = CHAT_ADD_GEN | (r->thinking ? 0 : CHAT_NO_THINK);
+        long     clen = runtime_render_chat(&t->rt, r->msgs, r->n_msgs, flags,
+                                            &p->chat, &p->chat_cap, p->ends,
+                                            &err);
 
         if (clen < 0) {
             prep_fail(p, 400, param, NULL, "%s", err.msg);
@@ -288,6 +292,7 @@ static void prep_finish(Thinker *t, Prep *p) {
         memcpy(sp.stop, r->stop, sizeof(sp.stop));
         sp.n_stop = r->n_stop;
         sp.ignore_eos = r->ignore_eos;
+        sp.think = r->chat && r->thinking && chat_thinks(t->rt.tmpl);
         sp.cache_salt = r->cache_salt;
         sp.cache_salt_len = r->cache_salt_len;
         sp.prompt_param = r->chat ? "messages" : "prompt";

@@ -133,7 +133,7 @@ static const struct { const char *file, *family; } jinja_family[] = {
     { "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", "chatml" },
     { "Qwen-QwQ-32B.jinja", "chatml" },
     { "Qwen-Qwen2.5-7B-Instruct.jinja", "chatml" },
-    { "Qwen-Qwen3-0.6B.jinja", "chatml" },
+    { "Qwen-Qwen3-0.6B.jinja", "qwen3" },
     { "Qwen3-Coder.jinja", "chatml" },
     { "Qwen3.5-4B.jinja", "chatml" },
     { "Reka-Edge.jinja", NULL },
@@ -288,10 +288,10 @@ static ChatTemplate detect_str(const char *s, bool *known) {
 
 /* Renders into a fresh buffer and compares, showing both on a mismatch. */
 static void expect_render(ChatTemplate t, const ChatMsg *msgs, int n,
-                          bool gen, const char *want) {
+                          unsigned flags, const char *want) {
     static char buf[1 << 16];
     Err         err;
-    long        len = chat_render(t, msgs, n, gen, buf, sizeof(buf), NULL,
+    long        len = chat_render(t, msgs, n, flags, buf, sizeof(buf), NULL,
                                   &err);
 
     if (len < 0) fail_msg("%s: %s", chat_name(t), err.msg);
@@ -551,7 +551,7 @@ static void test_gemma3_template(void **state) {
 }
 
 static void test_names(void **state) {
-    for (int t = CHAT_PLAIN; t <= CHAT_ZEPHYR; t++) {
+    for (int t = CHAT_PLAIN; t <= CHAT_QWEN3; t++) {
         bool known;
 
         assert_int_equal(chat_from_name(chat_name((ChatTemplate) t)), t);
@@ -562,6 +562,94 @@ static void test_names(void **state) {
     assert_int_equal(chat_from_name(""), -1);
     assert_string_equal(chat_name(CHAT_MISTRAL_V3_TEKKEN),
                         "mistral-v3-tekken");
+}
+
+/* Qwen3: detected from its real template (llama.cpp's copy of
+ * Qwen/Qwen3-0.6B's), not from look-alikes; rendered as that template
+ * does (the expected texts are its Jinja output, rendered with jinja2):
+ * assistant turns without their reasoning (up to the last </think>, then
+ * newlines only stripped), and thinking off as an empty think block after
+ * the generation prompt. Only qwen3 thinks; others ignore CHAT_NO_THINK. */
+static void test_qwen3(void **state) {
+    Ref          *r = *state;
+    char          path[8192], *text, *p;
+    size_t        len = 0;
+    bool          known;
+    const ChatMsg conv[] = {
+        { "system",    "You are a helpful assistant" },
+        { "user",      "Hello" },
+        { "assistant", "<think>\nsome thought\n</think>\n\nHi there" },
+        { "user",      "Who are you" },
+        { "assistant", "   I am an assistant   " },
+        { "user",      "Another question" },
+    };
+    const ChatMsg twice[] = {
+        { "user", "Q" }, { "assistant", "a</think>b</think>\n\n c" },
+        { "user", "R" },
+    };
+    const char   *want =
+        "<|im_start|>system\nYou are a helpful assistant<|im_end|>\n"
+        "<|im_start|>user\nHello<|im_end|>\n"
+        "<|im_start|>assistant\nHi there<|im_end|>\n"
+        "<|im_start|>user\nWho are you<|im_end|>\n"
+        "<|im_start|>assistant\n   I am an assistant   <|im_end|>\n"
+        "<|im_start|>user\nAnother question<|im_end|>\n"
+        "<|im_start|>assistant\n";
+    char          no_think[1024];
+
+    snprintf(path, sizeof(path), "%s/models/templates/Qwen-Qwen3-0.6B.jinja",
+             r->src);
+    text = read_file(path, &len);
+    if (text == NULL) fail_msg("cannot read %s", path);
+    assert_int_equal(chat_detect(text, len, &known), CHAT_QWEN3);
+    assert_true(known);
+    assert_true(chat_thinks(CHAT_QWEN3));
+
+    /* without enable_thinking's empty block it is plain chatml */
+    assert_non_null(strstr(text, "enable_thinking"));
+    while ((p = strstr(text, "enable_thinking")) != NULL) {
+        memcpy(p, "disable_thinkin", 15);
+    }
+    assert_int_equal(chat_detect(text, len, &known), CHAT_CHATML);
+    free(text);
+    for (int t = CHAT_PLAIN; t < CHAT_QWEN3; t++) {
+        assert_false(chat_thinks((ChatTemplate) t));
+    }
+
+    expect_render(CHAT_QWEN3, conv, 6, CHAT_ADD_GEN, want);
+    snprintf(no_think, sizeof(no_think), "%s<think>\n\n</think>\n\n", want);
+    expect_render(CHAT_QWEN3, conv, 6, CHAT_ADD_GEN | CHAT_NO_THINK,
+                  no_think);
+    expect_render(CHAT_QWEN3, twice, 3, 0,
+                  "<|im_start|>user\nQ<|im_end|>\n"
+                  "<|im_start|>assistant\n c<|im_end|>\n"
+                  "<|im_start|>user\nR<|im_end|>\n");
+    /* no generation prompt: no think block either */
+    expect_render(CHAT_QWEN3, twice, 1, CHAT_NO_THINK,
+                  "<|im_start|>user\nQ<|im_end|>\n");
+    /* chatml keeps the reasoning and ignores thinking off */
+    expect_render(CHAT_CHATML, twice, 2, CHAT_ADD_GEN | CHAT_NO_THINK,
+                  "<|im_start|>user\nQ<|im_end|>\n"
+                  "<|im_start|>assistant\na</think>b</think>\n\n c"
+                  "<|im_end|>\n<|im_start|>assistant\n");
+}
+
+/* ends[] for qwen3: each message's end depends on it and those before. */
+static void test_qwen3_ends(void **state) {
+    const ChatMsg m[] = {
+        { "user", "Q" }, { "assistant", "<think>x</think>\nA" },
+        { "user", "R" },
+    };
+    char   buf[512];
+    size_t ends[3];
+    long   n = chat_render(CHAT_QWEN3, m, 3, CHAT_ADD_GEN, buf, sizeof(buf),
+                           ends, NULL);
+
+    assert_true(n > 0);
+    assert_int_equal(ends[0], strlen("<|im_start|>user\nQ<|im_end|>\n"));
+    assert_int_equal(ends[1], ends[0]
+                     + strlen("<|im_start|>assistant\nA<|im_end|>\n"));
+    assert_int_equal(ends[2], (size_t) n - strlen("<|im_start|>assistant\n"));
 }
 
 static void test_roles(void **state) {
@@ -623,6 +711,8 @@ int main(void) {
         cmocka_unit_test(test_detect_edges),
         cmocka_unit_test(test_gemma3_template),
         cmocka_unit_test(test_names),
+        cmocka_unit_test(test_qwen3),
+        cmocka_unit_test(test_qwen3_ends),
         cmocka_unit_test(test_roles),
         cmocka_unit_test(test_short_buffer),
     };

@@ -6,7 +6,8 @@
  * $OMNI_MODEL): its vocabulary has byte tokens, so a character can be
  * split across tokens. Covered: a stop string across tokens, EOS with and
  * without ignore_eos, max_tokens, a full context, UTF-8 held back by the
- * detokenizer, the tail flush, a cancelling consumer. SPM text starts
+ * detokenizer, the tail flush, a cancelling consumer, the reasoning split
+ * (its own cases are test_think's). SPM text starts
  * with the dummy-prefix space, which the detokenizer keeps. test_scheduler
  * checks the step's callers agree with each other. */
 
@@ -28,6 +29,8 @@
 typedef struct {
     char   text[OUT_MAX];
     size_t len;
+    char   reasoning[OUT_MAX];  // TEXT_REASONING runs
+    size_t r_len;
     int    calls;
     int    cancel_at;       // the call that returns nonzero; 0: never
 } Sink;
@@ -47,14 +50,16 @@ static const char *model_path(void) {
     return m != NULL && *m != '\0' ? m : "../shared/models/stories260K.gguf";
 }
 
-static int sink(void *ud, const char *t, size_t n) {
-    Sink *s = ud;
+static int sink(void *ud, TextKind kind, const char *t, size_t n) {
+    Sink   *s = ud;
+    char   *buf = kind == TEXT_REASONING ? s->reasoning : s->text;
+    size_t *len = kind == TEXT_REASONING ? &s->r_len : &s->len;
 
     assert_true(n > 0);
-    assert_true(s->len + n <= OUT_MAX);
-    memcpy(s->text + s->len, t, n);
-    s->len += n;
-    s->text[s->len] = '\0';
+    assert_true(*len + n < OUT_MAX);
+    memcpy(buf + *len, t, n);
+    *len += n;
+    buf[*len] = '\0';
     return ++s->calls == s->cancel_at;
 }
 
@@ -82,12 +87,13 @@ static int teardown(void **state) {
 
 /* A fresh sequence of n_prompt prompt tokens in a context of n_ctx, greedy,
  * with the given stop strings. */
-static void start(const char *const *stops, int n_stops, int64_t max_tokens,
-                  int64_t n_prompt, int64_t n_ctx, bool ignore_eos)
+static void start_split(const char *const *stops, int n_stops,
+                        int64_t max_tokens, int64_t n_prompt, int64_t n_ctx,
+                        bool ignore_eos, bool think)
 {
     SamplerParams sp;
     StopMatcher   sm;
-    DecodeLimits  lim = { max_tokens, n_ctx, ignore_eos };
+    DecodeLimits  lim = { max_tokens, n_ctx, ignore_eos, think };
     Err           e;
 
     sampler_params_default(&sp);
@@ -95,6 +101,13 @@ static void start(const char *const *stops, int n_stops, int64_t max_tokens,
     assert_int_equal(stop_init(&sm, stops, n_stops, &e), 0);
     assert_int_equal(decode_start(&fx->d, &sp, &sm, &lim, n_prompt, &e), 0);
     memset(&fx->out, 0, sizeof(fx->out));
+}
+
+static void start(const char *const *stops, int n_stops, int64_t max_tokens,
+                  int64_t n_prompt, int64_t n_ctx, bool ignore_eos)
+{
+    start_split(stops, n_stops, max_tokens, n_prompt, n_ctx, ignore_eos,
+                false);
 }
 
 /* The ids of text, without BOS. */
@@ -237,6 +250,61 @@ static void test_cancel(void **state) {
     assert_int_equal(fx->d.n_gen, 2);
 }
 
+/* Feeds s one byte token a byte (so every tag is cut across tokens);
+ * returns the last verdict. */
+static DecodeEnd feed_bytes(const char *s) {
+    DecodeEnd end = DECODE_MORE;
+
+    for (; *s != '\0' && end == DECODE_MORE; s++) {
+        end = take(byte_token((unsigned char) *s));
+    }
+    return end;
+}
+
+/* The reasoning split inside the step: byte tokens spell a Qwen3 answer;
+ * the reasoning (without the whitespace around it) and the answer
+ * (without its leading newlines) come out apart, and the tokens up to the
+ * one that ends </think> are reasoning tokens. */
+static void test_think_split(void **state) {
+    const char *text = "<think>\nHm, 2+2.\n</think>\n\nIt is 4.";
+
+    start_split(NULL, 0, -1, 1, 1000, false, true);
+    assert_int_equal(feed_bytes(text), DECODE_MORE);
+    decode_finish(&fx->d, sink, &fx->out);
+    assert_string_equal(fx->out.reasoning, "Hm, 2+2.");
+    assert_string_equal(fx->out.text, "It is 4.");
+    assert_int_equal(fx->d.think.n_reasoning,
+                     (int64_t) (strstr(text, "</think>") - text) + 8);
+    assert_int_equal(fx->d.n_gen, (int64_t) strlen(text));
+
+    /* cut by max_tokens while thinking: all reasoning, nothing held back */
+    start_split(NULL, 0, 12, 1, 1000, false, true);
+    assert_int_equal(feed_bytes(text), DECODE_LENGTH);
+    decode_finish(&fx->d, sink, &fx->out);
+    assert_string_equal(fx->out.reasoning, "Hm,");    // trailing space
+    assert_int_equal(fx->out.len, 0);                 //   dropped
+    assert_int_equal(fx->d.think.n_reasoning, 12);
+
+    /* a stop string inside the reasoning ends it there */
+    {
+        const char *stops[] = { "2+2" };
+
+        start_split(stops, 1, -1, 1, 1000, false, true);
+        assert_int_equal(feed_bytes(text), DECODE_STOP);
+        decode_finish(&fx->d, sink, &fx->out);
+        assert_string_equal(fx->out.reasoning, "Hm,");
+        assert_int_equal(fx->out.len, 0);
+    }
+
+    /* off: the same tokens are all content */
+    start_split(NULL, 0, -1, 1, 1000, false, false);
+    feed_bytes(text);
+    decode_finish(&fx->d, sink, &fx->out);
+    assert_string_equal(fx->out.text, text);
+    assert_int_equal(fx->out.r_len, 0);
+    assert_int_equal(fx->d.think.n_reasoning, 0);
+}
+
 /* decode_token samples (greedy: the best logit) and then takes. */
 static void test_decode_token(void **state) {
     int32_t n_vocab = tokenizer_n_vocab(fx->tk), ids[32], tok = -1;
@@ -269,6 +337,7 @@ int main(void) {
         cmocka_unit_test(test_utf8_held_back),
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_decode_token),
+        cmocka_unit_test(test_think_split),
     };
 
     cmocka_set_message_output(CM_OUTPUT_TAP);

@@ -108,13 +108,14 @@ static void test_round_trip_engine(void **state) {
 
 static void test_round_trip_client(void **state) {
     uint8_t   done[OMNI_DONE_LEN], err[64], health[16];
-    OmniDone  d = { 12, 8, 30, OMNI_FINISH_LENGTH, 77, 0, 0, 0 };
+    OmniDone  d = { 12, 8, 30, OMNI_FINISH_LENGTH, 77, 0, 0, 0, 0 };
     OmniError e = { 400, "invalid_request_error", 21, "", 0, "", 0,
                     "bad", 3 };
     size_t    elen = omni_error_encode(err, &e);
     Frame     f[] = {
         { OMNI_F_TEXT, (const uint8_t *) "Once upon", 9 },
         { OMNI_F_TEXT, (const uint8_t *) "\xc3\xa9t\xc3\xa9", 5 },
+        { OMNI_F_REASONING, (const uint8_t *) "Hm.", 3 },
         { OMNI_F_AUDIO, (const uint8_t *) "RIFF\xff", 5 },
         { OMNI_F_DONE, done, OMNI_DONE_LEN },
         { OMNI_F_ERROR, err, elen },
@@ -199,6 +200,11 @@ static const BadCase bad_cases[] = {
     { OMNI_DIR_TO_ENGINE, OMNI_F_METRICS, 16, V, 0,
       "control frame with a payload" },
     { OMNI_DIR_TO_ENGINE, OMNI_F_REQUEST, 0, V, 0, "empty request" },
+    { OMNI_DIR_TO_CLIENT, OMNI_F_REASONING, 0, V, 0, "empty REASONING" },
+    { OMNI_DIR_TO_CLIENT, OMNI_F_REASONING, OMNI_MAX_TEXT + 1, V, 0,
+      "frame too large" },
+    { OMNI_DIR_TO_ENGINE, OMNI_F_REASONING, 4, V, 0,
+      "unexpected frame type" },
 };
 
 /* Each bad header is refused at its 8th byte, all at once or byte by
@@ -555,7 +561,7 @@ static void test_done_codec(void **state) {
     uint8_t  p[OMNI_DONE_LEN];
     OmniDone d = { 100000, 4096, 7, OMNI_FINISH_STOP,
                    0x7fedcba987654321ull, 321, 0x01020304,
-                   0xa0b0c0d0 }, e;
+                   0xa0b0c0d0, 0 }, e;
 
     (void) state;
     omni_done_encode(p, &d);
@@ -574,6 +580,12 @@ static void test_done_codec(void **state) {
     assert_true(e.input_audio_ms == 0xa0b0c0d0);
     assert_int_equal(p[32], 0xd0);
     assert_int_equal(p[36] | p[37] | p[38] | p[39], 0);
+    assert_int_equal(e.reasoning_tokens, 0);
+    d.reasoning_tokens = 0x05060708;
+    omni_done_encode(p, &d);
+    assert_int_equal(omni_done_decode(&e, p), 0);
+    assert_int_equal(e.reasoning_tokens, 0x05060708);
+    assert_int_equal(p[36], 0x08);
     d.finish = OMNI_FINISH_LENGTH;
     omni_done_encode(p, &d);
     assert_int_equal(omni_done_decode(&e, p), 0);

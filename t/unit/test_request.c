@@ -39,6 +39,7 @@ static const char FULL[] =
     " \"presence_penalty\": -1.5, \"frequency_penalty\": 2,"
     " \"logit_bias\": {\"1234\": -100, \"7\": 2.5},"
     " \"stop\": [\"\\n\", \"User:\"], \"ignore_eos\": true,"
+    " \"thinking\": false,"
     " \"cache_salt\": \"tenant-7\", \"stream\": true,"
     " \"response_format\": {\"type\": \"text\"}}";
 
@@ -257,6 +258,7 @@ static void test_full_request(void **state) {
     assert_string_equal(r.stop[0], "\n");
     assert_string_equal(r.stop[1], "User:");
     assert_true(r.ignore_eos);
+    assert_false(r.thinking);
     assert_string_equal(r.cache_salt, "tenant-7");
     assert_int_equal(r.cache_salt_len, 8);
     assert_non_null(r.arena);
@@ -283,6 +285,7 @@ static void test_defaults(void **state) {
     assert_memory_equal(&r.sampling, &def, sizeof(def));
     assert_int_equal(r.n_stop, 0);
     assert_false(r.ignore_eos);
+    assert_true(r.thinking);
     assert_null(r.cache_salt);
     assert_int_equal(r.cache_salt_len, 0);
     request_free(&r);
@@ -588,6 +591,7 @@ static const Bad BAD_TYPES[] = {
     { "\"stop\": [\"a\", \"b\", \"c\", \"d\", \"e\"]", "stop", "at most 4 sequences, got 5" },
     { "\"ignore_eos\": 1", "ignore_eos", "expected a boolean, got a number" },
     { "\"ignore_eos\": \"true\"", "ignore_eos", "got a string" },
+    { "\"thinking\": 0", "thinking", "expected a boolean, got a number" },
     { "\"cache_salt\": 7", "cache_salt", "expected a string, got a number" },
     { "\"cache_salt\": \"\"", "cache_salt", "must be 1 to 320 bytes, got 0" },
 };

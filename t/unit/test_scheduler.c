@@ -87,9 +87,10 @@ static void encode(const char *text, Req *r) {
     assert_true(r->n > 0 && r->n <= CTX + 8);
 }
 
-static int ref_emit(void *ud, const char *t, size_t n) {
+static int ref_emit(void *ud, TextKind kind, const char *t, size_t n) {
     Req *r = ud;
 
+    assert_int_equal(kind, TEXT_CONTENT);
     assert_true(r->ref_len + n <= TEXT_MAX);
     memcpy(r->ref + r->ref_len, t, n);
     r->ref_len += n;
@@ -246,10 +247,13 @@ static void on_started(void *ud, uint64_t id) {
     r->started = true;
 }
 
-static void on_text(void *ud, uint64_t id, const char *s, size_t n) {
+static void on_text(void *ud, uint64_t id, bool reasoning, const char *s,
+                    size_t n)
+{
     Result *r = result(id);
 
     assert_true(r->started && !r->done && n > 0);
+    assert_false(reasoning);                // no thinking template here
     assert_true(r->len + n <= TEXT_MAX);
     memcpy(r->text + r->len, s, n);
     r->len += n;

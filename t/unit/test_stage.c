@@ -146,7 +146,7 @@ static bool toy_idle(Stage *s) {
 
 static void toy_step(Stage *s) {
     Toy     *t = s->ud;
-    OmniDone d = { 1, 0, 2, OMNI_FINISH_STOP, 42, 0, 0, 0 };
+    OmniDone d = { 1, 0, 2, OMNI_FINISH_STOP, 42, 0, 0, 0, 0 };
 
     switch (t->phase[0]++) {
     case 0:
@@ -165,7 +165,7 @@ static void toy_step(Stage *s) {
 static void toy_wake(Stage *s) {
     Toy     *t = s->ud;
     uint64_t v;
-    OmniDone d = { 0, 0, 0, OMNI_FINISH_LENGTH, 7, 0, 0, 0 };
+    OmniDone d = { 0, 0, 0, OMNI_FINISH_LENGTH, 7, 0, 0, 0, 0 };
 
     assert_int_equal(read(t->efd, &v, sizeof(v)), sizeof(v));
     stage_done(s, t->woken, &d);
