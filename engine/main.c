@@ -519,16 +519,41 @@ static DType parse_type(const char *s) {
     die("option '--type' must be f32, f16, bf16, q8_0 or q4_0, not '%s'", s);
 }
 
+/* The whole of a text file, NUL-terminated; dies when it cannot be read
+ * or holds a NUL. */
+static char *read_text(const char *path) {
+    FILE   *f = fopen(path, "rb");
+    char   *buf = NULL;
+    size_t  len = 0, cap = 0, n;
+
+    if (f == NULL) die("%s: %s", path, strerror(errno));
+    do {
+        if (len + 4096 + 1 > cap) {
+            cap = (len + 4096 + 1) * 2;
+            buf = realloc(buf, cap);
+            if (buf == NULL) die("%s: out of memory", path);
+        }
+        n = fread(buf + len, 1, cap - len - 1, f);
+        len += n;
+    } while (n > 0);
+    if (ferror(f)) die("%s: read error", path);
+    fclose(f);
+    buf[len] = '\0';
+    if (strlen(buf) != len) die("%s: the file holds a NUL byte", path);
+    return buf;
+}
+
 static int cmd_make_model(int argc, char **argv) {
     static const char *vals[] = {
         "out", "arch", "dim", "layers", "heads", "kv-heads", "ffn", "type",
         "vocab-from", "seed", "ctx", "head-dim", "rope-dims", "swa", "std",
-        "rope-scaling", "rope-factor", NULL
+        "rope-scaling", "rope-factor", "chat-template", NULL
     };
     static const char *flags[] = { "tied", "rope-factors", NULL };
     Opts            o = { .n = 0 };
     MakeModelParams p;
     Err             err;
+    char           *tmpl = NULL;
 
     memset(&p, 0, sizeof(p));
 
@@ -554,7 +579,12 @@ static int cmd_make_model(int argc, char **argv) {
     p.rope_scaling = opt_str(&o, "rope-scaling", NULL);
     p.rope_factor = opt_float(&o, "rope-factor", 4.0f, 1.0f, 1024.0f);
     p.rope_factors = opt_flag(&o, "rope-factors");
+    if (opt_str(&o, "chat-template", NULL) != NULL) {
+        tmpl = read_text(opt_str(&o, "chat-template", NULL));
+        p.chat_template = tmpl;
+    }
     if (make_model(&p, &err) != 0) die("%s", err.msg);
+    free(tmpl);
     return 0;
 }
 
@@ -909,6 +939,7 @@ static void usage(FILE *f) {
           "             [--head-dim N] [--rope-dims N] [--swa N]\n"
           "             [--rope-scaling linear|yarn --rope-factor F]\n"
           "             [--rope-factors]   (phi3 long/short factors)\n"
+          "             [--chat-template FILE] (instead of the vocab's)\n"
           "  serve      --model PATH --socket PATH [--model-name NAME]\n"
           "             [--threads N] [--isa ...] [--mmap] [--ctx N]\n"
           "             [--max-batch-tokens 512] [--max-seqs 64]\n"

@@ -308,9 +308,17 @@ static void write_metadata(GGUFWriter *w, const Shape *sh, const GGUF *vocab)
     for (uint64_t i = 0; i < vocab->n_kv; i++) {
         const GGUFKV *kv = &vocab->kv[i];
 
-        if (kv->key.len > 10 && memcmp(kv->key.ptr, "tokenizer.", 10) == 0) {
+        bool tmpl = kv->key.len == 23
+                    && memcmp(kv->key.ptr, "tokenizer.chat_template", 23) == 0;
+
+        if (kv->key.len > 10 && memcmp(kv->key.ptr, "tokenizer.", 10) == 0
+            && !(tmpl && p->chat_template != NULL))
+        {
             gguf_writer_copy_kv(w, kv);
         }
+    }
+    if (p->chat_template != NULL) {
+        gguf_writer_str(w, "tokenizer.chat_template", p->chat_template);
     }
 }
 

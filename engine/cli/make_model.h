@@ -39,6 +39,9 @@ typedef struct {
     int         ctx;            // context length written to the metadata
     DType       type;           // type of every 2-D weight
     const char *vocab_from;     // GGUF whose tokenizer.* keys are copied
+    const char *chat_template;  // NUL-terminated text written as
+                                //   tokenizer.chat_template instead of
+                                //   vocab_from's, or NULL
     uint64_t    seed;
     int         tied;           // omit output.weight (tied embeddings)
 } MakeModelParams;

@@ -14,6 +14,11 @@
 #   overloaded            ERROR 503 server_error / overloaded
 #   bad-utf8              TEXT "ok \xff end" (not UTF-8), DONE
 #   escapes               TEXT with quotes, backslashes, controls, DONE
+#   think                 REASONING "Let me", REASONING " see.", TEXT "It
+#                         is", TEXT " 4.", DONE: completion 9, reasoning 6
+#   think-length          REASONING "Still", REASONING " thinking", DONE
+#                         length: completion 4, reasoning 4
+#   think-echo            TEXT: the REQUEST JSON it got, DONE
 #   anything else         TEXT "fake", DONE
 #
 # A request with "audio" (speech out: /v1/audio/speech's "input", or chat
@@ -146,15 +151,15 @@ sub error_frame {
                                     $type, $param, $code, $msg));
 }
 
-# DONE (protocol v4, OMNI_DONE_LEN 40 bytes): prompt_tokens 3 (or
+# DONE (protocol v5, OMNI_DONE_LEN 40 bytes): prompt_tokens 3 (or
 # $prompt), cached 0, completion, finish, seed 0, audio_tokens, audio_ms,
-# input_audio_ms, a zero word.
+# input_audio_ms, reasoning_tokens.
 sub done_frame {
     my ($completion, $finish, $audio_tokens, $audio_ms, $input_ms,
-        $prompt) = @_;
+        $prompt, $reasoning) = @_;
     return frame(18, pack('V V V C x3 Q< V V V V', $prompt // 3, 0,
                           $completion, $finish // 0, 0, $audio_tokens // 0,
-                          $audio_ms // 0, $input_ms // 0, 0));
+                          $audio_ms // 0, $input_ms // 0, $reasoning // 0));
 }
 
 sub audio_frames {
@@ -282,6 +287,16 @@ sub serve {
         $out->(frame(16, "ok \xff end") . done_frame(1));
     } elsif ($what eq 'escapes') {
         $out->(frame(16, qq{q"b\\s/n\nt\tc\x01 \xe2\x82\xac}) . done_frame(1));
+    } elsif ($what eq 'think') {
+        $out->(frame(24, 'Let me') . frame(24, ' see.'));
+        sleep 0.05;
+        $out->(frame(16, 'It is') . frame(16, ' 4.')
+               . done_frame(9, 0, 0, 0, 0, undef, 6));
+    } elsif ($what eq 'think-length') {
+        $out->(frame(24, 'Still') . frame(24, ' thinking')
+               . done_frame(4, 1, 0, 0, 0, undef, 4));
+    } elsif ($what eq 'think-echo') {
+        $out->(frame(16, $p) . done_frame(1));
     } else {
         $out->(frame(16, 'fake') . done_frame(1));
     }

@@ -204,6 +204,8 @@ sub sse_events ($) {
 #             include_usage => 0|1)
 # Returns { ok => the whole body matched, at => where matching stopped,
 #           texts => [pieces], text => joined, finish => reason,
+#           reasonings => [delta.reasoning_content pieces, chat: they come
+#           before the content], reasoning => joined,
 #           usage => {...} or undef, ids => {id => n}, created => {t => n},
 #           error => the error event's object, if the stream ended in one }
 sub sse_parse ($@) {
@@ -216,7 +218,8 @@ sub sse_parse ($@) {
     my $str = qr/"((?:[^"\\]|\\.)*)"/;
     my $head = qr/data: \{"id":"(\Q$idp\E[A-Za-z0-9]+)","object":"$obj",(?#
                   )"created":(\d+),"model":\Q$model\E,/;
-    my %s = (texts => [], ids => {}, created => {}, ok => 0, at => 0);
+    my %s = (texts => [], reasonings => [], ids => {}, created => {},
+             ok => 0, at => 0);
     my $unstr = sub { JSON::PP->new->utf8->allow_nonref->decode("\"$_[0]\"") };
     my $seen = sub { $s{ids}{$_[0]}++; $s{created}{$_[1]}++;
                      $s{at} = pos($body) };
@@ -227,6 +230,12 @@ sub sse_parse ($@) {
                   )"finish_reason":null\}\]\Q$u\E\}\n\n/gc
             or return \%s;
         $seen->($1, $2);
+        while ($body =~ /\G$head"choices":\[\{"index":0,"delta":(?#
+                         )\{"reasoning_content":$str\},"logprobs":null,(?#
+                         )"finish_reason":null\}\]\Q$u\E\}\n\n/gc) {
+            $seen->($1, $2);
+            push @{ $s{reasonings} }, $unstr->($3);
+        }
         while ($body =~ /\G$head"choices":\[\{"index":0,"delta":(?#
                          )\{"content":$str\},"logprobs":null,(?#
                          )"finish_reason":null\}\]\Q$u\E\}\n\n/gc) {
@@ -254,6 +263,7 @@ sub sse_parse ($@) {
         }
     }
     $s{text} = join '', @{ $s{texts} };
+    $s{reasoning} = join '', @{ $s{reasonings} };
     if ($o{include_usage} && defined $s{finish}) {
         $body =~ /\G$head"choices":\[\],"usage":(\{[^\n]*\})\}\n\n/gc
             or return \%s;
