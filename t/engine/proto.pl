@@ -22,7 +22,7 @@ our ($ENGINE, $MODEL, $TMP);
 our %F = (REQUEST => 1, HEALTH => 2, MODELS => 3, METRICS => 4,
           AUDIO_IN => 5, TEXT => 16, AUDIO => 17, DONE => 18, ERROR => 19,
           HEALTH_R => 20, MODELS_R => 21, METRICS_R => 22,
-          TRANSCRIPT => 23);
+          TRANSCRIPT => 23, REASONING => 24);
 our @FINISH = ('stop', 'length');
 
 # OMNI_PROTO_VERSION, read from the header both sides include.
@@ -157,15 +157,18 @@ sub add_frames {
         push @{ $r->{frames} }, $f;
         if ($type == $F{TEXT}) {
             $r->{text} .= $p;
+        } elsif ($type == $F{REASONING}) {
+            $r->{reasoning} .= $p;
         } elsif ($type == $F{AUDIO}) {
             $r->{audio} .= $p;
         } elsif ($type == $F{DONE}) {
-            my @u = unpack('V V V C x3 Q< V V V', $p);
+            my @u = unpack('V V V C x3 Q< V V V V', $p);
             $r->{done} = { prompt_tokens => $u[0], cached_tokens => $u[1],
                            completion_tokens => $u[2],
                            finish => $FINISH[$u[3]] // $u[3], seed => $u[4],
                            audio_tokens => $u[5], audio_ms => $u[6],
-                           input_audio_ms => $u[7] };
+                           input_audio_ms => $u[7],
+                           reasoning_tokens => $u[8] };
         } elsif ($type == $F{TRANSCRIPT}) {
             push @{ $r->{transcripts} }, decode_json($p);
         } elsif ($type == $F{ERROR}) {
@@ -175,7 +178,8 @@ sub add_frames {
 }
 
 sub new_reply {
-    return { frames => [], text => '', audio => '', buf => '' };
+    return { frames => [], text => '', reasoning => '', audio => '',
+             buf => '' };
 }
 
 # Sends raw bytes on a new connection and reads until the engine closes.
