@@ -90,7 +90,8 @@ my $srv = serve_start(args => ['--read-timeout', 2]);
                             cached_tokens => $r->{done}{cached_tokens},
                             completion_tokens => 8, finish => 'length',
                             seed => $r->{done}{seed}, audio_tokens => 0,
-                            audio_ms => 0, input_audio_ms => 0 },
+                            audio_ms => 0, input_audio_ms => 0,
+                            reasoning_tokens => 0 },
               'usage: prompt and completion tokens, finish length');
 
     $r = request($srv, { prompt => $PROMPT, max_tokens => 64,
