@@ -59,6 +59,21 @@ INLINE __m256 exp8(__m256 x) {
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
+/* avx2_kq.c: gemms of the K-quants, IQ4_XS (Q8_K activations), Q5_0,
+ * IQ4_NL (Q8_0), Q4_1 and Q5_1 (Q8_1). */
+void avx2_gemm_q2_K(int64_t k, int mr, int nr, const void *x, size_t ldx,
+                    const void *w, size_t ldw, float *out, size_t ldo);
+void avx2_gemm_q3_K(int64_t k, int mr, int nr, const void *x, size_t ldx,
+                    const void *w, size_t ldw, float *out, size_t ldo);
+void avx2_gemm_q4_K(int64_t k, int mr, int nr, const void *x, size_t ldx,
+                    const void *w, size_t ldw, float *out, size_t ldo);
+void avx2_gemm_q5_K(int64_t k, int mr, int nr, const void *x, size_t ldx,
+                    const void *w, size_t ldw, float *out, size_t ldo);
+void avx2_gemm_q6_K(int64_t k, int mr, int nr, const void *x, size_t ldx,
+                    const void *w, size_t ldw, float *out, size_t ldo);
+void avx2_gemm_iq4_xs(int64_t k, int mr, int nr, const void *x, size_t ldx,
+                      const void *w, size_t ldw, float *out, size_t ldo);
+
 /* avx2_ops.c: conversions, attention and the elementwise kernels. */
 void avx2_to_f16(const float *x, uint16_t *y, int64_t n);
 void avx2_dequantize(DType t, const void *row, float *y, int64_t n);
