@@ -73,6 +73,14 @@ void avx2_gemm_q6_K(int64_t k, int mr, int nr, const void *x, size_t ldx,
                     const void *w, size_t ldw, float *out, size_t ldo);
 void avx2_gemm_iq4_xs(int64_t k, int mr, int nr, const void *x, size_t ldx,
                       const void *w, size_t ldw, float *out, size_t ldo);
+void avx2_gemm_q5_0(int64_t k, int mr, int nr, const void *x, size_t ldx,
+                    const void *w, size_t ldw, float *out, size_t ldo);
+void avx2_gemm_iq4_nl(int64_t k, int mr, int nr, const void *x, size_t ldx,
+                      const void *w, size_t ldw, float *out, size_t ldo);
+void avx2_gemm_q4_1(int64_t k, int mr, int nr, const void *x, size_t ldx,
+                    const void *w, size_t ldw, float *out, size_t ldo);
+void avx2_gemm_q5_1(int64_t k, int mr, int nr, const void *x, size_t ldx,
+                    const void *w, size_t ldw, float *out, size_t ldo);
 
 /* avx2_ops.c: conversions, attention and the elementwise kernels. */
 void avx2_to_f16(const float *x, uint16_t *y, int64_t n);

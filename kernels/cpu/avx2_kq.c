@@ -35,7 +35,23 @@
 #define KQ_ROWS  4              /* activation rows of a tile */
 #define PANEL_KQ (128 << 10)    /* bytes of weight rows kept in L2 */
 
-enum { K_Q2, K_Q3, K_Q4, K_Q5, K_Q6, K_IQ4XS };
+/* The weight types: K-quants (and IQ4_XS) on Q8_K, then the 32-blocks. */
+enum { K_Q2, K_Q3, K_Q4, K_Q5, K_Q6, K_IQ4XS, B_Q5_0, B_IQ4NL, B_Q4_1,
+       B_Q5_1 };
+
+
+/* f16 to f32 with F16C (exact, as dtype.h's f16_to_f32). */
+INLINE float f16s(uint16_t h) {
+    return _cvtsh_ss(h);
+}
+
+/* The f16 at byte p (of a block: any alignment). */
+INLINE float f16_at(const void *p) {
+    uint16_t h;
+
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
 
 
 /* ---- K-quant super-blocks ------------------------------------------------ */
@@ -81,7 +97,9 @@ INLINE __m128i k4_scales(const uint8_t *s) {
     u[1] = (u[2] & kmask2) | (((u[0] >> 6) & kmask3) << 4);
     u[2] = aux;
     u[0] &= kmask1;
-    return _mm_loadu_si128((const __m128i *) u);
+    /* built in a register: a 16-byte load of the four words just stored
+       would miss store forwarding */
+    return _mm_set_epi32((int) u[3], (int) u[2], (int) u[1], (int) u[0]);
 }
 
 /* Q3_K's 16 6-bit scales as bytes, offset removed (ggml's aux shuffle). */
@@ -95,8 +113,8 @@ INLINE __m128i k3_scales(const uint8_t *s) {
     a[3] = ((a[1] >> 4) & kmask2) | (((t >> 6) & kmask1) << 4);
     a[0] = (a[0] & kmask2) | (((t >> 0) & kmask1) << 4);
     a[1] = (a[1] & kmask2) | (((t >> 2) & kmask1) << 4);
-    return _mm_sub_epi8(_mm_loadu_si128((const __m128i *) a),
-                        _mm_set1_epi8(32));
+    return _mm_sub_epi8(_mm_set_epi32((int) a[3], (int) a[2], (int) a[1],
+                                      (int) a[0]), _mm_set1_epi8(32));
 }
 
 /* sc: Q4_K/Q5_K the 8 scales as int16 in both halves; Q2_K the 16 scale
@@ -112,22 +130,22 @@ INLINE KPrep kq_prep(const int t, const uint8_t *b) {
         const BlockQ4_K *q = (const BlockQ4_K *) b;
         __m128i          sm = k4_scales(q->scales);
 
-        p.d = f16_to_f32(q->d);
-        p.dmin = f16_to_f32(q->dmin);
+        p.d = f16s(q->d);
+        p.dmin = f16s(q->dmin);
         p.sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
         p.bias = _mm256_cvtepu8_epi16(dup_bytes(_mm_srli_si128(sm, 8)));
     } else if (t == K_Q6) {
         const BlockQ6_K *q = (const BlockQ6_K *) b;
         __m128i          s = _mm_loadu_si128((const __m128i *) q->scales);
 
-        p.d = f16_to_f32(q->d);
+        p.d = f16s(q->d);
         p.sc = _mm256_broadcastsi128_si256(s);
         p.bias = _mm256_slli_epi16(_mm256_cvtepi8_epi16(s), 5);
     } else if (t == K_Q3) {
         const BlockQ3_K *q = (const BlockQ3_K *) b;
         __m128i          s = k3_scales(q->scales);
 
-        p.d = f16_to_f32(q->d);
+        p.d = f16s(q->d);
         p.sc = _mm256_broadcastsi128_si256(s);
         p.bias = _mm256_slli_epi16(_mm256_cvtepi8_epi16(s), 2);
     } else if (t == K_Q2) {
@@ -135,14 +153,14 @@ INLINE KPrep kq_prep(const int t, const uint8_t *b) {
         __m128i          s = _mm_loadu_si128((const __m128i *) q->scales);
         __m128i          m4 = _mm_set1_epi8(15);
 
-        p.d = f16_to_f32(q->d);
-        p.dmin = f16_to_f32(q->dmin);
+        p.d = f16s(q->d);
+        p.dmin = f16s(q->dmin);
         p.sc = _mm256_broadcastsi128_si256(_mm_and_si128(s, m4));
         p.bias = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s, 4), m4));
     } else {
         const BlockIQ4_XS *q = (const BlockIQ4_XS *) b;
 
-        p.d = f16_to_f32(q->d);
+        p.d = f16s(q->d);
         p.sc = _mm256_setzero_si256();
     }
     return p;
@@ -293,20 +311,139 @@ INLINE void kq_tile(const int t, const int rows, int64_t nb, const char *x,
     for (int i = 0; i < rows; i++) out[i * ldo] = hsum(acc[i]);
 }
 
-/* The gemm of a K-quant type: decode runs the weight rows front to back;
- * batches run panels of weight rows (L2) against tiles of KQ_ROWS
- * activation rows (L1), the rows past the last full tile in a tile of
- * their own (same operations per output). */
-INLINE void kq_gemm(const int t, int64_t k, int mr, int nr, const char *x,
+
+/* ---- 32-element blocks ------------------------------------------------------ */
+
+INLINE size_t b32_block_bytes(const int t) {
+    switch (t) {
+    case B_Q5_0:  return sizeof(BlockQ5_0);
+    case B_IQ4NL: return sizeof(BlockIQ4_NL);
+    case B_Q4_1:  return sizeof(BlockQ4_1);
+    default:      return sizeof(BlockQ5_1);
+    }
+}
+
+/* Bytes of the activation block a 32-block type reads (Q8_0 or Q8_1). */
+INLINE size_t b32_x_bytes(const int t) {
+    return t == B_Q4_1 || t == B_Q5_1 ? sizeof(BlockQ8_1) : sizeof(BlockQ8_0);
+}
+
+/* Byte i all ones where bit i of the 4 bytes at h is set (ggml's
+ * bytes_from_bits_32). */
+INLINE __m256i bytes_from_bits(const uint8_t *h) {
+    uint32_t u;
+    __m256i  v;
+
+    memcpy(&u, h, 4);
+    v = _mm256_shuffle_epi8(_mm256_set1_epi32((int) u), _mm256_set_epi64x(
+        0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+    v = _mm256_or_si256(v, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_cmpeq_epi8(v, _mm256_set1_epi64x(-1));
+}
+
+/* The 16 bytes at qs as 32 nibbles: elements 0..15 the low ones, 16..31
+ * the high ones. */
+INLINE __m256i nibbles(const uint8_t *qs) {
+    __m128i v = _mm_loadu_si128((const __m128i *) qs);
+
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v),
+                            _mm256_set1_epi8(15));
+}
+
+/* The 32 weights of block b as bytes: signed for Q5_0 (q - 16, made by
+ * setting the high nibble where the fifth bit is clear) and IQ4_NL,
+ * unsigned for Q4_1 and Q5_1 (the min goes through the activations' s). */
+INLINE __m256i b32_values(const int t, const uint8_t *b) {
+    if (t == B_Q5_0) {
+        const BlockQ5_0 *q = (const BlockQ5_0 *) b;
+
+        return _mm256_or_si256(nibbles(q->qs), _mm256_andnot_si256(
+            bytes_from_bits(q->qh), _mm256_set1_epi8((char) 0xf0)));
+    }
+    if (t == B_IQ4NL) {
+        return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(
+            _mm_loadu_si128((const __m128i *) iq4nl_values)),
+            nibbles(((const BlockIQ4_NL *) b)->qs));
+    }
+    if (t == B_Q4_1) return nibbles(((const BlockQ4_1 *) b)->qs);
+    {
+        const BlockQ5_1 *q = (const BlockQ5_1 *) b;
+
+        return _mm256_or_si256(nibbles(q->qs), _mm256_and_si256(
+            bytes_from_bits(q->qh), _mm256_set1_epi8(0x10)));
+    }
+}
+
+/* One weight row of nb 32-blocks against rows activation rows, as
+ * kq_tile: per block acc = (d d_x) * sumi + acc; Q4_1 and Q5_1 add m * s
+ * to a scalar total, added to the hsum at the end. */
+INLINE void b32_tile(const int t, const int rows, int64_t nb, const char *x,
+                     size_t ldx, const uint8_t *w, float *out, size_t ldo)
+{
+    const size_t  bs = b32_block_bytes(t), xs = b32_x_bytes(t);
+    const bool    sgn = t == B_Q5_0 || t == B_IQ4NL;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256        acc[KQ_ROWS];
+    float         summs[KQ_ROWS];
+
+#pragma GCC unroll 8
+    for (int i = 0; i < rows; i++) {
+        acc[i] = _mm256_setzero_ps();
+        summs[i] = 0.0f;
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *wb = w + b * bs;
+        __m256i        q = b32_values(t, wb);
+        __m256i        qa = sgn ? _mm256_sign_epi8(q, q) : q;
+        float          d = f16_at(wb);
+
+#pragma GCC unroll 8
+        for (int i = 0; i < rows; i++) {
+            const char *xb = x + i * ldx + b * xs;
+            __m256i     xq = _mm256_loadu_si256((const __m256i *)
+                                                (xb + xs - QK));
+            float       dx = f16_at(xb);
+            __m256i     p;
+
+            if (sgn) xq = _mm256_sign_epi8(xq, q);
+            p = _mm256_madd_epi16(_mm256_maddubs_epi16(qa, xq), ones);
+            acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx),
+                                     _mm256_cvtepi32_ps(p), acc[i]);
+            if (!sgn) {
+                summs[i] += f16_at(wb + 2) * f16_at(xb + 2);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < rows; i++) out[i * ldo] = hsum(acc[i]) + summs[i];
+}
+
+
+/* ---- tiles and the cache blocking ---------------------------------------- */
+
+INLINE void tile_of(const int t, const int rows, int64_t k, const char *x,
+                    size_t ldx, const uint8_t *w, float *out, size_t ldo)
+{
+    if (t <= K_IQ4XS) {
+        kq_tile(t, rows, k / QK_K, x, ldx, w, out, ldo);
+    } else {
+        b32_tile(t, rows, k / QK, x, ldx, w, out, ldo);
+    }
+}
+
+/* The gemm of a type: decode runs the weight rows front to back; batches
+ * run panels of weight rows (L2) against tiles of KQ_ROWS activation rows
+ * (L1), the rows past the last full tile in a tile of their own (same
+ * operations per output). */
+INLINE void gemm_of(const int t, int64_t k, int mr, int nr, const char *x,
                     size_t ldx, const char *w, size_t ldw, float *out,
                     size_t ldo)
 {
-    int64_t nb = k / QK_K;
-    int     panel = (int) (PANEL_KQ / ldw);
+    int panel = (int) (PANEL_KQ / ldw);
 
     if (mr == 1) {
         for (int j = 0; j < nr; j++) {
-            kq_tile(t, 1, nb, x, ldx, (const uint8_t *) w + (size_t) j * ldw,
+            tile_of(t, 1, k, x, ldx, (const uint8_t *) w + (size_t) j * ldw,
                     out + j, ldo);
         }
         return;
@@ -325,25 +462,29 @@ INLINE void kq_gemm(const int t, int64_t k, int mr, int nr, const char *x,
                                     + (size_t) (p0 + j) * ldw;
 
                 switch (m) {            /* KQ_ROWS cases */
-                case 4:  kq_tile(t, 4, nb, xi, ldx, wj, oi + j, ldo); break;
-                case 3:  kq_tile(t, 3, nb, xi, ldx, wj, oi + j, ldo); break;
-                case 2:  kq_tile(t, 2, nb, xi, ldx, wj, oi + j, ldo); break;
-                default: kq_tile(t, 1, nb, xi, ldx, wj, oi + j, ldo); break;
+                case 4:  tile_of(t, 4, k, xi, ldx, wj, oi + j, ldo); break;
+                case 3:  tile_of(t, 3, k, xi, ldx, wj, oi + j, ldo); break;
+                case 2:  tile_of(t, 2, k, xi, ldx, wj, oi + j, ldo); break;
+                default: tile_of(t, 1, k, xi, ldx, wj, oi + j, ldo); break;
                 }
             }
         }
     }
 }
 
-#define KQ_GEMM_FN(name, t)                                                   \
+#define GEMM_OF(name, t)                                                      \
 void name(int64_t k, int mr, int nr, const void *x, size_t ldx,              \
           const void *w, size_t ldw, float *out, size_t ldo) {               \
-    kq_gemm(t, k, mr, nr, x, ldx, w, ldw, out, ldo);                          \
+    gemm_of(t, k, mr, nr, x, ldx, w, ldw, out, ldo);                          \
 }
 
-KQ_GEMM_FN(avx2_gemm_q2_K, K_Q2)
-KQ_GEMM_FN(avx2_gemm_q3_K, K_Q3)
-KQ_GEMM_FN(avx2_gemm_q4_K, K_Q4)
-KQ_GEMM_FN(avx2_gemm_q5_K, K_Q5)
-KQ_GEMM_FN(avx2_gemm_q6_K, K_Q6)
-KQ_GEMM_FN(avx2_gemm_iq4_xs, K_IQ4XS)
+GEMM_OF(avx2_gemm_q2_K, K_Q2)
+GEMM_OF(avx2_gemm_q3_K, K_Q3)
+GEMM_OF(avx2_gemm_q4_K, K_Q4)
+GEMM_OF(avx2_gemm_q5_K, K_Q5)
+GEMM_OF(avx2_gemm_q6_K, K_Q6)
+GEMM_OF(avx2_gemm_iq4_xs, K_IQ4XS)
+GEMM_OF(avx2_gemm_q5_0, B_Q5_0)
+GEMM_OF(avx2_gemm_iq4_nl, B_IQ4NL)
+GEMM_OF(avx2_gemm_q4_1, B_Q4_1)
+GEMM_OF(avx2_gemm_q5_1, B_Q5_1)
