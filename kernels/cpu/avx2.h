@@ -61,6 +61,9 @@ INLINE __m256 exp8(__m256 x) {
 
 /* avx2_kq.c: gemms of the K-quants, IQ4_XS (Q8_K activations), Q5_0,
  * IQ4_NL (Q8_0), Q4_1 and Q5_1 (Q8_1). */
+/* Q8_K activations as quantize_row_q8_K_ref writes them, bit for bit. */
+void avx2_q8k_conv(const float *x, void *y, int64_t k);
+size_t avx2_q8k_bytes(int64_t k);
 void avx2_gemm_q2_K(int64_t k, int mr, int nr, const void *x, size_t ldx,
                     const void *w, size_t ldw, float *out, size_t ldo);
 void avx2_gemm_q3_K(int64_t k, int mr, int nr, const void *x, size_t ldx,

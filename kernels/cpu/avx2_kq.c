@@ -312,6 +312,86 @@ INLINE void kq_tile(const int t, const int rows, int64_t nb, const char *x,
 }
 
 
+/* ---- Q8_K activations ---------------------------------------------------- */
+
+/* Largest |x| of the 256 values at x. */
+INLINE float amax256(const float *x) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256       m = _mm256_setzero_ps();
+    __m128       h;
+
+    for (int j = 0; j < QK_K / 8; j++) {
+        m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8 * j)));
+    }
+    h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+}
+
+/* quantize_row_q8_K_ref's bits, vectorized: the first value of largest
+ * magnitude sets is = -127 / max; q = nearest even of is * x (vcvtps2dq
+ * in the default rounding mode is rintf), at most 127; bsums per 16; d =
+ * 1 / is. */
+void avx2_q8k_conv(const float *x, void *y, int64_t k) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    BlockQ8_K   *yb = y;
+
+    for (int64_t b = 0; b < k / QK_K; b++, x += QK_K) {
+        float   amax = amax256(x), is;
+        int     first = 0;
+        __m256i lim = _mm256_set1_epi32(127);
+
+        if (amax == 0.0f) {
+            memset(&yb[b], 0, sizeof(yb[b]));
+            continue;
+        }
+        for (int j = 0; j < QK_K / 8; j++) {
+            int hit = _mm256_movemask_ps(_mm256_cmp_ps(
+                _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8 * j)),
+                _mm256_set1_ps(amax), _CMP_EQ_OQ));
+
+            if (hit != 0) {
+                first = 8 * j + __builtin_ctz((unsigned) hit);
+                break;
+            }
+        }
+        is = -127.0f / x[first];
+        for (int c = 0; c < QK_K / 32; c++) {
+            const float *xc = x + 32 * c;
+            __m256i      i0, i1, i2, i3, q, s;
+            __m256       vs = _mm256_set1_ps(is);
+
+            i0 = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(vs,
+                     _mm256_loadu_ps(xc))), lim);
+            i1 = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(vs,
+                     _mm256_loadu_ps(xc + 8))), lim);
+            i2 = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(vs,
+                     _mm256_loadu_ps(xc + 16))), lim);
+            i3 = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(vs,
+                     _mm256_loadu_ps(xc + 24))), lim);
+            /* the packs work per 128-bit lane; the permute restores order */
+            q = _mm256_permutevar8x32_epi32(
+                _mm256_packs_epi16(_mm256_packs_epi32(i0, i1),
+                                   _mm256_packs_epi32(i2, i3)),
+                _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256((__m256i *) (yb[b].qs + 32 * c), q);
+            /* sums of 16: pairs, quads, then the two halves of each lane */
+            s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q),
+                                  _mm256_set1_epi16(1));
+            s = _mm256_add_epi32(s, _mm256_srli_si256(s, 8));
+            s = _mm256_add_epi32(s, _mm256_srli_si256(s, 4));
+            yb[b].bsums[2 * c] = (int16_t) _mm256_extract_epi32(s, 0);
+            yb[b].bsums[2 * c + 1] = (int16_t) _mm256_extract_epi32(s, 4);
+        }
+        yb[b].d = 1.0f / is;
+    }
+}
+
+size_t avx2_q8k_bytes(int64_t k) {
+    return dtype_row_bytes(DT_Q8_K, k);
+}
+
+
 /* ---- 32-element blocks ------------------------------------------------------ */
 
 INLINE size_t b32_block_bytes(const int t) {

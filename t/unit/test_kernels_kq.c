@@ -198,7 +198,45 @@ static void test_kq_matmul(void **state) {
     free(got);
 }
 
+/* A table's own Q8_K conversion must give quantize_row_q8_K_ref's bits:
+ * random rows of several magnitudes, an all-zero super-block, +-max both
+ * present (the first sets the sign), values landing on .5 after scaling,
+ * tiny values. */
+static void test_q8k_conv(void **state) {
+    const Isa     *I = *state;
+    const CpuGemm *g = &I->vec->mm[vec_slot(DT_Q4_K, WL_ROWS)];
+    int64_t        k = 8 * QK_K;
+    float         *x = xmalloc((size_t) k * sizeof(float));
+    BlockQ8_K     *got = xmalloc((size_t) (k / QK_K) * sizeof(BlockQ8_K));
+    BlockQ8_K     *want = xmalloc((size_t) (k / QK_K) * sizeof(BlockQ8_K));
+
+    if (g->conv == NULL || g->x_form != DT_Q8_K) goto out;
+    rng_state = 5;
+    for (int r = 0; r < 50; r++) {
+        fill(x, k, r % 5 == 0 ? 1e-30f : r % 3 == 0 ? 100.0f : 1.0f);
+        memset(x + QK_K, 0, QK_K * sizeof(float));
+        x[2 * QK_K + 17] = -2.0f;
+        x[2 * QK_K + 200] = 2.0f;
+        x[3 * QK_K + 5] = 2.0f;
+        x[3 * QK_K + 6] = -2.0f;
+        for (int j = 0; j < QK_K; j++) {
+            /* q = -127 x / 127 = -x: halves everywhere */
+            x[4 * QK_K + j] = j == 0 ? 127.0f : (float) (j % 50) - 24.5f;
+        }
+        memset(got, 0x55, (size_t) (k / QK_K) * sizeof(BlockQ8_K));
+        g->conv(x, got, k);
+        quantize_row_q8_K_ref(x, want, k);
+        assert_same_bits("q8_K conv", got, want,
+                         (size_t) (k / QK_K) * sizeof(BlockQ8_K));
+    }
+out:
+    free(x);
+    free(got);
+    free(want);
+}
+
 static const Case cases[] = {
+    { "q8_K conversion exact", test_q8k_conv },
     { "k-type gemm tiles", test_kq_gemm },
     { "k-type matmul batch and thread invariance", test_kq_matmul },
 };
