@@ -1,6 +1,8 @@
 /* avx2.c -- the CpuVec table for AVX2 with FMA and F16C.
- * This file holds the matmul and the table; avx2_ops.c the other kernels,
- * avx2.h what the two share.
+ * This file holds the matmul of the f types, Q8_0 and Q4_0, and the
+ * table; avx2_kq.c the gemms of the other block types (K-quants, IQ4_*,
+ * Q4_1, Q5_0, Q5_1); avx2_ops.c the other kernels; avx2.h what they
+ * share.
  *
  * The same design as avx512.c (see that file for the reasoning) at half
  * the width, with 16 ymm registers and no VNNI. What differs:

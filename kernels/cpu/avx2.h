@@ -1,8 +1,8 @@
-/* avx2.h -- what the two halves of the avx2 kernel set share: the
- * reductions and the vector exp, inline, so that both files compute the
- * same bits the same way, and the functions avx2_ops.c gives the table.
- * Private to avx2.c and avx2_ops.c, which are compiled for this instruction
- * set (Makefile, ISA_avx2); nothing else may include it. */
+/* avx2.h -- what the files of the avx2 kernel set share: the reductions
+ * and the vector exp, inline, so that all files compute the same bits the
+ * same way, and the functions avx2_kq.c and avx2_ops.c give the table.
+ * Private to avx2.c, avx2_kq.c and avx2_ops.c, which are compiled for this
+ * instruction set (Makefile, ISA_avx2); nothing else may include it. */
 
 #ifndef OMNI_AVX2_H
 #define OMNI_AVX2_H
