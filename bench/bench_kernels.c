@@ -4,7 +4,8 @@
  *   bench_kernels [isa] [threads] [types] [reps]
  *     isa      auto (default), avx512, avx2, ref
  *     threads  0 = one per core (default)
- *     types    comma list, default f16,q8_0,q4_0,bf16,f32
+ *     types    comma list of ggml's names (q4_K, iq4_nl, ...), default
+ *              f16,q8_0,q4_0,bf16,f32
  *     reps     timed repetitions per configuration, default 7
  *
  * Shapes are the projections of a llama-shaped 1B model (dim 2048, 8 KV
@@ -105,6 +106,43 @@ static Stat probe_bandwidth(const uint64_t *buf, int nth, int reps) {
 
 /* ---- matrices --------------------------------------------------------------- */
 
+/* Offsets of the f16 scale and min (or -1) in a block of the types that
+ * quantize_row cannot write (llama-quantize does): their rows are random
+ * bytes with these set to sane scales. */
+static void block_scales(DType t, int *d_off, int *m_off) {
+    *d_off = 0;
+    *m_off = -1;
+    switch (t) {
+    case DT_Q2_K: *d_off = 80; *m_off = 82; break;
+    case DT_Q3_K: *d_off = 108; break;
+    case DT_Q6_K: *d_off = 208; break;
+    case DT_Q4_1:
+    case DT_Q5_1:
+    case DT_Q4_K:
+    case DT_Q5_K: *m_off = 2; break;
+    default:      break;
+    }
+}
+
+/* One row of type t from cols random values, or random bytes with sane
+ * scales where quantize_row has no quantizer for t. */
+static void make_row(DType t, const float *src, char *row, int64_t cols) {
+    size_t rb = dtype_row_bytes(t, cols);
+    size_t bs = dtype_row_bytes(t, dtype_block(t));
+    int    d_off, m_off;
+
+    if (quantize_row(t, src, row, cols) == 0) return;
+    block_scales(t, &d_off, &m_off);
+    for (size_t i = 0; i < rb; i++) row[i] = (char) (rnd() * 128.0f);
+    for (size_t b = 0; b < rb / bs; b++) {
+        uint16_t d = f32_to_f16(0.002f + 0.001f * rnd());
+        uint16_t m = f32_to_f16(0.01f * rnd());
+
+        memcpy(row + b * bs + d_off, &d, 2);
+        if (m_off >= 0) memcpy(row + b * bs + m_off, &m, 2);
+    }
+}
+
 /* Fills a matrix of type t: 64 distinct random rows, repeated. */
 static void *make_weights(DType t, int64_t rows, int64_t cols, size_t *rb) {
     float *src = malloc((size_t) cols * sizeof(float));
@@ -118,10 +156,8 @@ static void *make_weights(DType t, int64_t rows, int64_t cols, size_t *rb) {
         exit(1);
     }
     for (int r = 0; r < 64; r++) {
-        char *row = pattern + (size_t) r * *rb;
-
         for (int64_t i = 0; i < cols; i++) src[i] = rnd();
-        quantize_row(t, src, row, cols);
+        make_row(t, src, pattern + (size_t) r * *rb, cols);
     }
     for (int64_t r = 0; r < rows; r++) {
         memcpy(d + (size_t) r * *rb, pattern + (size_t) (r % 64) * *rb, *rb);
@@ -131,12 +167,11 @@ static void *make_weights(DType t, int64_t rows, int64_t cols, size_t *rb) {
     return d;
 }
 
+/* Any weight type by ggml's name ("q4_K"). */
 static bool parse_type(const char *s, DType *t) {
-    static const DType all[] = { DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0 };
-
-    for (int i = 0; i < 5; i++) {
-        if (strcmp(s, dtype_name(all[i])) == 0) {
-            *t = all[i];
+    for (uint32_t i = 0; i < 64; i++) {
+        if (dtype_supported(i) && strcmp(s, dtype_name((DType) i)) == 0) {
+            *t = (DType) i;
             return true;
         }
     }

@@ -1,6 +1,8 @@
 /* avx2.c -- the CpuVec table for AVX2 with FMA and F16C.
- * This file holds the matmul and the table; avx2_ops.c the other kernels,
- * avx2.h what the two share.
+ * This file holds the matmul of the f types, Q8_0 and Q4_0, and the
+ * table; avx2_kq.c the gemms of the other block types (K-quants, IQ4_*,
+ * Q4_1, Q5_0, Q5_1); avx2_ops.c the other kernels; avx2.h what they
+ * share.
  *
  * The same design as avx512.c (see that file for the reasoning) at half
  * the width, with 16 ymm registers and no VNNI. What differs:
@@ -719,6 +721,22 @@ const CpuVec cpu_vec_avx2 = {
         { DT_Q8_0, gemm_q4_0, GEMM_MR_MAX, Q_COLS, xq_conv, xq_bytes },
         { DT_Q8_0, gemm_q8_0x, GEMM_MR_MAX, X_STREAM, xg_conv, xg_bytes },
         { DT_Q8_0, gemm_q4_0x, GEMM_MR_MAX, X_STREAM, xg_conv, xg_bytes },
+        [7]  = { DT_Q8_1, avx2_gemm_q4_1,   GEMM_MR_MAX, 1, NULL, NULL },
+        [8]  = { DT_Q8_0, avx2_gemm_q5_0,   GEMM_MR_MAX, 1, NULL, NULL },
+        [9]  = { DT_Q8_1, avx2_gemm_q5_1,   GEMM_MR_MAX, 1, NULL, NULL },
+        [10] = { DT_Q8_K, avx2_gemm_q2_K,   GEMM_MR_MAX, 1, avx2_q8k_conv,
+                 avx2_q8k_bytes },
+        [11] = { DT_Q8_K, avx2_gemm_q3_K,   GEMM_MR_MAX, 1, avx2_q8k_conv,
+                 avx2_q8k_bytes },
+        [12] = { DT_Q8_K, avx2_gemm_q4_K,   GEMM_MR_MAX, 1, avx2_q8k_conv,
+                 avx2_q8k_bytes },
+        [13] = { DT_Q8_K, avx2_gemm_q5_K,   GEMM_MR_MAX, 1, avx2_q8k_conv,
+                 avx2_q8k_bytes },
+        [14] = { DT_Q8_K, avx2_gemm_q6_K,   GEMM_MR_MAX, 1, avx2_q8k_conv,
+                 avx2_q8k_bytes },
+        [15] = { DT_Q8_0, avx2_gemm_iq4_nl, GEMM_MR_MAX, 1, NULL, NULL },
+        [16] = { DT_Q8_K, avx2_gemm_iq4_xs, GEMM_MR_MAX, 1, avx2_q8k_conv,
+                 avx2_q8k_bytes },
     },
     .quantize_q8_0 = quantize_q8_0,
     .to_f16 = avx2_to_f16,

@@ -1,8 +1,8 @@
-/* avx2.h -- what the two halves of the avx2 kernel set share: the
- * reductions and the vector exp, inline, so that both files compute the
- * same bits the same way, and the functions avx2_ops.c gives the table.
- * Private to avx2.c and avx2_ops.c, which are compiled for this instruction
- * set (Makefile, ISA_avx2); nothing else may include it. */
+/* avx2.h -- what the files of the avx2 kernel set share: the reductions
+ * and the vector exp, inline, so that all files compute the same bits the
+ * same way, and the functions avx2_kq.c and avx2_ops.c give the table.
+ * Private to avx2.c, avx2_kq.c and avx2_ops.c, which are compiled for this
+ * instruction set (Makefile, ISA_avx2); nothing else may include it. */
 
 #ifndef OMNI_AVX2_H
 #define OMNI_AVX2_H
@@ -58,6 +58,32 @@ INLINE __m256 exp8(__m256 x) {
                                            _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
+
+/* avx2_kq.c: gemms of the K-quants, IQ4_XS (Q8_K activations), Q5_0,
+ * IQ4_NL (Q8_0), Q4_1 and Q5_1 (Q8_1). */
+/* Q8_K activations as quantize_row_q8_K_ref writes them, bit for bit. */
+void avx2_q8k_conv(const float *x, void *y, int64_t k);
+size_t avx2_q8k_bytes(int64_t k);
+void avx2_gemm_q2_K(int64_t k, int mr, int nr, const void *x, size_t ldx,
+                    const void *w, size_t ldw, float *out, size_t ldo);
+void avx2_gemm_q3_K(int64_t k, int mr, int nr, const void *x, size_t ldx,
+                    const void *w, size_t ldw, float *out, size_t ldo);
+void avx2_gemm_q4_K(int64_t k, int mr, int nr, const void *x, size_t ldx,
+                    const void *w, size_t ldw, float *out, size_t ldo);
+void avx2_gemm_q5_K(int64_t k, int mr, int nr, const void *x, size_t ldx,
+                    const void *w, size_t ldw, float *out, size_t ldo);
+void avx2_gemm_q6_K(int64_t k, int mr, int nr, const void *x, size_t ldx,
+                    const void *w, size_t ldw, float *out, size_t ldo);
+void avx2_gemm_iq4_xs(int64_t k, int mr, int nr, const void *x, size_t ldx,
+                      const void *w, size_t ldw, float *out, size_t ldo);
+void avx2_gemm_q5_0(int64_t k, int mr, int nr, const void *x, size_t ldx,
+                    const void *w, size_t ldw, float *out, size_t ldo);
+void avx2_gemm_iq4_nl(int64_t k, int mr, int nr, const void *x, size_t ldx,
+                      const void *w, size_t ldw, float *out, size_t ldo);
+void avx2_gemm_q4_1(int64_t k, int mr, int nr, const void *x, size_t ldx,
+                    const void *w, size_t ldw, float *out, size_t ldo);
+void avx2_gemm_q5_1(int64_t k, int mr, int nr, const void *x, size_t ldx,
+                    const void *w, size_t ldw, float *out, size_t ldo);
 
 /* avx2_ops.c: conversions, attention and the elementwise kernels. */
 void avx2_to_f16(const float *x, uint16_t *y, int64_t n);
