@@ -557,6 +557,179 @@ static void test_matmul_fused(void **state) {
 }
 
 
+/* ---- the types llama-quantize writes (K-quants, Q4_1..IQ4_XS) ---- */
+
+static const DType qtypes[10] = {
+    DT_Q2_K, DT_Q3_K, DT_Q4_K, DT_Q5_K, DT_Q6_K, DT_IQ4_XS,
+    DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_IQ4_NL,
+};
+
+/* Random blocks for n elements of type t: any bytes make a valid block
+ * once its f16 scales are sane, so every bit pattern of the quants, the
+ * packed sub-block scales and the high bits gets exercised. dtype.c has
+ * no quantizer for these types (llama-quantize writes them). */
+static void random_blocks(DType t, void *row, int64_t n) {
+    size_t   bs = dtype_row_bytes(t, dtype_block(t));
+    size_t   d = 0, m = bs;                 /* offsets of d and the min */
+    uint8_t *p = row;
+
+    switch (t) {
+    case DT_Q2_K:   d = offsetof(BlockQ2_K, d);
+                    m = offsetof(BlockQ2_K, dmin); break;
+    case DT_Q3_K:   d = offsetof(BlockQ3_K, d); break;
+    case DT_Q4_K:
+    case DT_Q5_K:   m = 2; break;
+    case DT_Q6_K:   d = offsetof(BlockQ6_K, d); break;
+    case DT_Q4_1:
+    case DT_Q5_1:   m = 2; break;
+    default:        break;
+    }
+    for (int64_t b = 0; b < n / dtype_block(t); b++, p += bs) {
+        uint16_t h;
+
+        for (size_t i = 0; i < bs; i++) p[i] = (uint8_t) rng_next();
+        h = f32_to_f16(0.001f + 0.01f * (rng_f() + 1.0f));
+        memcpy(p + d, &h, 2);
+        if (m < bs) {
+            h = f32_to_f16(0.005f * (rng_f() + 1.0f));
+            memcpy(p + m, &h, 2);
+        }
+    }
+}
+
+/* n activation rows of k as x_form f (Q8_K, Q8_1 or Q8_0, ref's
+ * quantizers, what cpu_backend.c gives these gemms); the row stride. */
+static size_t x_quantize(DType f, const float *x, int64_t n, int64_t k,
+                         char *y)
+{
+    size_t ld = dtype_row_bytes(f, k);
+
+    for (int64_t r = 0; r < n; r++) {
+        quantize_row(f, x + r * k, y + r * ld, k);
+    }
+    return ld;
+}
+
+/* Each table's own gemm of these types against ref.c's, as test_gemm:
+ * close to ref.c, and every tile shape equal bit for bit to 1x1 tiles.
+ * A table without its own gemm for a type runs ref's (vec_gemm): skipped. */
+static void test_gemm_quants(void **state) {
+    const Isa *I = *state;
+    static const int64_t ks[] = { 256, 512, 768, 2304, 5632 };
+    static const int     nrs[] = { 1, 2, 3, 4, 5, 8, 13, 48, GW };
+    int64_t kmax = 5632;
+    int     mmax = 16;
+    float  *x = xmalloc((size_t) (mmax * kmax) * sizeof(float));
+    char   *xv = xmalloc((size_t) (mmax * kmax) * 2 + 4096);
+    float  *want = xmalloc(mmax * GW * sizeof(float));
+    float  *one = xmalloc(mmax * GW * sizeof(float));
+    float  *got = xmalloc(mmax * GW * sizeof(float));
+
+    rng_state = 13;
+    fill(x, mmax * kmax, 1.0f);
+    for (int ti = 0; ti < 10; ti++) {
+        DType          t = qtypes[ti];
+        int            s = vec_slot(t, WL_ROWS);
+        const CpuGemm *g = &I->vec->mm[s], *r = &cpu_vec_ref.mm[s];
+        int            mr = g->mr < mmax ? g->mr : mmax;
+
+        if (g->gemm == NULL || I->vec == &cpu_vec_ref) continue;
+        assert_int_equal(g->conv == NULL ? g->x_form : r->x_form, r->x_form);
+        for (int ki = 0; ki < 5; ki++) {
+            int64_t k = ks[ki];
+            size_t  rb = dtype_row_bytes(t, k), ldr, ldv;
+            char   *w = xmalloc(GW * rb), *xr = xmalloc((size_t) (mr * k) * 2 + 4096);
+            char    what[64];
+
+            for (int j = 0; j < GW; j++) random_blocks(t, w + j * rb, k);
+            ldr = x_quantize(r->x_form, x, mr, k, xr);
+            if (g->conv != NULL) {
+                ldv = g->x_bytes(k);
+                for (int i = 0; i < mr; i++) {
+                    g->conv(x + i * k, xv + i * ldv, k);
+                }
+            } else {
+                ldv = x_quantize(g->x_form, x, mr, k, xv);
+            }
+            snprintf(what, sizeof(what), "gemm %s k=%ld", dtype_name(t),
+                     (long) k);
+            r->gemm(k, mr, GW, xr, ldr, w, rb, want, GW);
+            for (int i = 0; i < mr; i++) {
+                for (int j = 0; j < GW; j++) {
+                    g->gemm(k, 1, 1, xv + i * ldv, ldv, w + j * rb, rb,
+                            &one[i * GW + j], 1);
+                }
+            }
+            assert_nmse(what, one, want, mr * GW, NMSE_F32);
+            for (int m = 1; m <= mr; m++) {
+                for (size_t ni = 0; ni < sizeof(nrs) / sizeof(nrs[0]); ni++) {
+                    memset(got, 0, mmax * GW * sizeof(float));
+                    g->gemm(k, m, nrs[ni], xv, ldv, w, rb, got, GW);
+                    for (int i = 0; i < m; i++) {
+                        assert_same_bits(what, got + i * GW, one + i * GW,
+                                         (size_t) nrs[ni] * sizeof(float));
+                    }
+                }
+            }
+            free(w);
+            free(xr);
+        }
+    }
+    free(x);
+    free(xv);
+    free(want);
+    free(one);
+    free(got);
+}
+
+/* Through the backend, as test_matmul_invariance: row i of a batch of n
+ * equals row i alone bit for bit, for 1, 2 and 3 threads, and is close
+ * to ref's backend. */
+static void test_matmul_quants(void **state) {
+    const Isa *I = *state;
+    Backend   *be[3] = { be_new(I->isa, 1), be_new(I->isa, 2),
+                         be_new(I->isa, 3) };
+    Backend   *ref = be_new("ref", 1);
+    int64_t    rows = 37, cols = 2048, nmax = 80;
+    float     *x = xmalloc((size_t) (nmax * cols) * sizeof(float));
+    float     *alone = xmalloc((size_t) (nmax * rows) * sizeof(float));
+    float     *want = xmalloc((size_t) (nmax * rows) * sizeof(float));
+    float     *got = xmalloc((size_t) (nmax * rows) * sizeof(float));
+
+    rng_state = 14;
+    fill(x, nmax * cols, 1.0f);
+    for (int ti = 0; ti < 10; ti++) {
+        DType  t = qtypes[ti];
+        size_t rb = dtype_row_bytes(t, cols);
+        char  *d = xmalloc(rows * rb);
+        Matrix m = { t, rows, cols, rb, d, WL_ROWS };
+
+        for (int j = 0; j < rows; j++) random_blocks(t, d + j * rb, cols);
+        for (int64_t i = 0; i < nmax; i++) {
+            be[1]->matmul(be[1], alone + i * rows, x + i * cols, 1, &m);
+        }
+        ref->matmul(ref, want, x, nmax, &m);
+        assert_nmse(dtype_name(t), alone, want, nmax * rows, NMSE_F32);
+        for (int64_t n = 1; n <= nmax; n += n < 9 ? 1 : 7) {
+            for (int th = 0; th < 3; th++) {
+                if (th != 1 && n < 50) continue;
+                memset(got, 0, (size_t) (n * rows) * sizeof(float));
+                be[th]->matmul(be[th], got, x, n, &m);
+                assert_same_bits(dtype_name(t), got, alone,
+                                 (size_t) (n * rows) * sizeof(float));
+            }
+        }
+        free(d);
+    }
+    for (int th = 0; th < 3; th++) be[th]->free(be[th]);
+    ref->free(ref);
+    free(x);
+    free(alone);
+    free(want);
+    free(got);
+}
+
+
 /* ---- main ---- */
 
 static const Case cases[] = {
@@ -569,6 +742,9 @@ static const Case cases[] = {
     { "matmul", test_matmul },
     { "matmul batch and thread invariance", test_matmul_invariance },
     { "matmul_n fused equals separate", test_matmul_fused },
+    { "gemm tiles, K-quants and llama-quantize types", test_gemm_quants },
+    { "matmul invariance, K-quants and llama-quantize types",
+      test_matmul_quants },
 };
 
 int main(void) {
