@@ -4,7 +4,9 @@
  *   bench_kernels [isa] [threads] [types] [reps]
  *     isa      auto (default), avx512, avx2, ref
  *     threads  0 = one per core (default)
- *     types    comma list, default f16,q8_0,q4_0,bf16,f32
+ *     types    comma list of ggml type names (f32, f16, bf16, q8_0, q4_0,
+ *              q4_1, q5_0, q5_1, q2_K..q6_K, iq4_nl, iq4_xs), default
+ *              f16,q8_0,q4_0,bf16,f32
  *     reps     timed repetitions per configuration, default 7
  *
  * Shapes are the projections of a llama-shaped 1B model (dim 2048, 8 KV
@@ -105,6 +107,32 @@ static Stat probe_bandwidth(const uint64_t *buf, int nth, int reps) {
 
 /* ---- matrices --------------------------------------------------------------- */
 
+/* A row of type t that dtype.c cannot quantize (the types llama-quantize
+ * writes): random bytes, each block's f16 scales (d first, or at the end
+ * of Q2_K, Q3_K and Q6_K blocks; a min after it) set to small values. */
+static void random_row(DType t, char *row, int64_t cols) {
+    size_t bs = dtype_row_bytes(t, dtype_block(t)), d = 0;
+    bool   min = t == DT_Q4_1 || t == DT_Q5_1 || t == DT_Q4_K || t == DT_Q5_K;
+
+    if (t == DT_Q2_K) {
+        d = offsetof(BlockQ2_K, d);
+        min = true;
+    } else if (t == DT_Q3_K) {
+        d = offsetof(BlockQ3_K, d);
+    } else if (t == DT_Q6_K) {
+        d = offsetof(BlockQ6_K, d);
+    }
+    for (size_t i = 0; i < dtype_row_bytes(t, cols); i++) {
+        row[i] = (char) (rand() >> 7);
+    }
+    for (char *b = row; b < row + dtype_row_bytes(t, cols); b += bs) {
+        uint16_t h = f32_to_f16(0.01f + 0.001f * rnd());
+
+        memcpy(b + d, &h, 2);
+        if (min) memcpy(b + d + 2, &h, 2);
+    }
+}
+
 /* Fills a matrix of type t: 64 distinct random rows, repeated. */
 static void *make_weights(DType t, int64_t rows, int64_t cols, size_t *rb) {
     float *src = malloc((size_t) cols * sizeof(float));
@@ -121,7 +149,7 @@ static void *make_weights(DType t, int64_t rows, int64_t cols, size_t *rb) {
         char *row = pattern + (size_t) r * *rb;
 
         for (int64_t i = 0; i < cols; i++) src[i] = rnd();
-        quantize_row(t, src, row, cols);
+        if (quantize_row(t, src, row, cols) != 0) random_row(t, row, cols);
     }
     for (int64_t r = 0; r < rows; r++) {
         memcpy(d + (size_t) r * *rb, pattern + (size_t) (r % 64) * *rb, *rb);
@@ -132,11 +160,9 @@ static void *make_weights(DType t, int64_t rows, int64_t cols, size_t *rb) {
 }
 
 static bool parse_type(const char *s, DType *t) {
-    static const DType all[] = { DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0 };
-
-    for (int i = 0; i < 5; i++) {
-        if (strcmp(s, dtype_name(all[i])) == 0) {
-            *t = all[i];
+    for (uint32_t i = 0; i <= DT_BF16; i++) {
+        if (dtype_supported(i) && strcmp(s, dtype_name((DType) i)) == 0) {
+            *t = (DType) i;
             return true;
         }
     }

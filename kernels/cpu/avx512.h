@@ -74,8 +74,7 @@ INLINE __m512 exp16(__m512 x) {
 
 /* avx512_kq.c: the K-quant and IQ4_XS gemms (Q8_K activations), their
  * tile shape. */
-#define KQ_ROWS 4               /* activation rows per tile (table mr) */
-#define KQ_COLS 2               /* weight rows per tile (table nr) */
+#define KQ_ROWS 8               /* activation rows per tile (table mr) */
 void avx512_gemm_q2_K(int64_t k, int mr, int nr, const void *x, size_t ldx,
                       const void *w, size_t ldw, float *out, size_t ldo);
 void avx512_gemm_q3_K(int64_t k, int mr, int nr, const void *x, size_t ldx,

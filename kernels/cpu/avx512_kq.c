@@ -31,13 +31,20 @@
  * AVX2 code 8 lanes of a different split: the same per-super-block products,
  * summed differently).
  *
- * Decode (one activation row) runs 1x1 tiles over whole rows, one weight
- * row after the other, a single sequential stream per thread as in
- * avx512.c. Batches run KQ_ROWS x KQ_COLS tiles: the weight unpacking is
- * most of the work per weight row, the activation loads are one per row,
- * so tiles are tall. Activations of a tile (KQ_ROWS x 292 bytes per
- * super-block) stay in L1; the chunk of weight rows cpu_backend.c hands a
- * call comes from L2 for every tile of rows. */
+ * A tile is up to KQ_ROWS activation rows against one weight row: the
+ * weight unpacking (scales, nibbles, high bits) is most of the work per
+ * weight row and the activations are one load per row and step, so tiles
+ * are tall; the activations of a tile (8 x 292 bytes per super-block)
+ * stay in L1 and the chunk of weight rows a call gets comes from L2 per
+ * tile. Measured per super-block and output, one thread, weights hot (a
+ * loaded 2-core Zen 5, so +-15%): q4_K 4x2 tiles 2.4-2.9 ns, 4x3 3.0,
+ * 6x2 2.3, 8x2 2.6, 8x1 2.1-2.3, 10x1 and 12x1 4.3-6 (spills); q6_K
+ * likewise 2.0-2.6, 2.9, 2.2, 1.9, 1.7-1.8. Decode (one activation row)
+ * is the 1x1 tile, one weight row after the other, a single sequential
+ * stream per thread as in avx512.c: q4_K 4.2 ns per super-block (35 GB/s
+ * hot) once the 6-bit scales were unpacked in vector lanes (6.6 ns with
+ * ggml's scalar shuffle through the stack), q6_K 3.3-4.2 ns (50-63
+ * GB/s). */
 
 #include "avx512.h"
 
@@ -82,17 +89,21 @@ INLINE __m512 f16_bcast(const uint8_t *p) {
     return _mm512_set1_ps(_cvtsh_ss(h));
 }
 
-/* Q4_K/Q5_K's 12 scale bytes as 8 scales then 8 mins, one per byte
- * (ggml's shuffle of the packed 6-bit fields; see k4_scale_min). */
+/* Q4_K/Q5_K's 12 scale bytes (at s, readable to s + 16) as 8 scales then
+ * 8 mins, one per byte: ggml's shuffle of the packed 6-bit fields (see
+ * k4_scale_min) on the words u0, u1, u2, in vector lanes. */
 INLINE __m128i k4_scales(const uint8_t *s) {
-    uint32_t u[3], sc1, mn0, mn1;
+    __m128i u = _mm_loadu_si128((const __m128i *) s);
+    /* [u0, u2, u1, u2] low bits, [u0, u0, u1, u1] the top 2 of the first
+       4 scales and mins, which the last 4 take as their bits 4, 5 */
+    __m128i a = _mm_srlv_epi32(_mm_shuffle_epi32(u, 0x98),
+                               _mm_setr_epi32(0, 0, 0, 4));
+    __m128i b = _mm_srli_epi32(_mm_shuffle_epi32(u, 0x50), 2);
 
-    memcpy(u, s, 12);
-    mn1 = ((u[2] >> 4) & 0x0f0f0f0f) | ((u[1] >> 6) & 0x03030303) << 4;
-    mn0 = u[1] & 0x3f3f3f3f;
-    sc1 = (u[2] & 0x0f0f0f0f) | ((u[0] >> 6) & 0x03030303) << 4;
-    return _mm_setr_epi32((int) (u[0] & 0x3f3f3f3f), (int) sc1, (int) mn0,
-                          (int) mn1);
+    return _mm_ternarylogic_epi32(
+        _mm_and_si128(a, _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f,
+                                        0x0f0f0f0f)),
+        b, _mm_setr_epi32(0, 0x30303030, 0, 0x30303030), 0xf8);
 }
 
 /* Q3_K's 16 scales, offset removed (ggml's shuffle; see q3k_scale). */
@@ -300,65 +311,43 @@ INLINE __m512i kdot(const int kt, __m512i isum, __m512i q, __m512i sc,
 
 /* ---- the tile body ---------------------------------------------------------- */
 
-/* out (rows, cols) of x (rows, nb Q8_K blocks) . w (cols, nb blocks)^T. */
-INLINE void ktile(const int kt, const int rows, const int cols, int64_t nb,
-                  const char *x, size_t ldx, const char *w, size_t ldw,
-                  float *out, size_t ldo)
+/* The 8 int32 sums of corr times the bsums of the Q8_K block xb: the
+ * offset term of isum, or the mins' msum. */
+INLINE __m256i kbsums(const char *xb, const KW *w) {
+    return _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)
+                                                (xb + XK_BSUMS)), w->corr);
+}
+
+/* out (rows, 1) of x (rows, nb Q8_K blocks) . w (nb blocks)^T, the
+ * outputs ldo floats apart. */
+INLINE void ktile(const int kt, const int rows, int64_t nb, const char *x,
+                  size_t ldx, const char *w, float *out, size_t ldo)
 {
     const size_t bs = kt_bytes(kt);
-    __m512       acc[KQ_ROWS][KQ_COLS];
+    __m512       acc[KQ_ROWS];
 
 #pragma GCC unroll 8
-    for (int i = 0; i < rows; i++) {
-#pragma GCC unroll 8
-        for (int j = 0; j < cols; j++) acc[i][j] = _mm512_setzero_ps();
-    }
+    for (int i = 0; i < rows; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        KW      kw[KQ_COLS];
-        __m512i is[KQ_ROWS][KQ_COLS];
-        __m256i ms[KQ_ROWS][KQ_COLS];
+        const char *xb = x + b * sizeof(BlockQ8_K);
+        __m512i     is[KQ_ROWS];
+        KW          kw;
 
-#pragma GCC unroll 8
-        for (int j = 0; j < cols; j++) {
-            kw_prep(kt, (const uint8_t *) w + j * ldw + b * bs, &kw[j]);
-        }
+        kw_prep(kt, (const uint8_t *) w + b * bs, &kw);
 #pragma GCC unroll 8
         for (int i = 0; i < rows; i++) {
-            const char *xb = x + i * ldx + b * sizeof(BlockQ8_K);
-            __m256i     bsums = _mm256_loadu_si256((const __m256i *)
-                                                   (xb + XK_BSUMS));
-
-#pragma GCC unroll 8
-            for (int j = 0; j < cols; j++) {
-                __m256i c = _mm256_madd_epi16(bsums, kw[j].corr);
-
-                if (kt_min(kt)) {
-                    ms[i][j] = c;
-                    is[i][j] = _mm512_setzero_si512();
-                } else {
-                    is[i][j] = _mm512_zextsi256_si512(c);
-                }
-            }
+            is[i] = kt_min(kt) ? _mm512_setzero_si512()
+                               : _mm512_zextsi256_si512(kbsums(xb + i * ldx,
+                                                               &kw));
         }
 #pragma GCC unroll 4
         for (int t = 0; t < 4; t++) {
-            __m512i wq[KQ_COLS], wsc[KQ_COLS];
+            __m512i wq = kw_q(kt, &kw, t), wsc = kw_sc(kt, &kw, t);
 
-#pragma GCC unroll 8
-            for (int j = 0; j < cols; j++) {
-                wq[j] = kw_q(kt, &kw[j], t);
-                wsc[j] = kw_sc(kt, &kw[j], t);
-            }
 #pragma GCC unroll 8
             for (int i = 0; i < rows; i++) {
-                __m512i xq = _mm512_loadu_si512(x + i * ldx
-                                                + b * sizeof(BlockQ8_K)
-                                                + XK_QS + 64 * t);
-
-#pragma GCC unroll 8
-                for (int j = 0; j < cols; j++) {
-                    is[i][j] = kdot(kt, is[i][j], wq[j], wsc[j], xq);
-                }
+                is[i] = kdot(kt, is[i], wq, wsc, _mm512_loadu_si512(
+                                 xb + i * ldx + XK_QS + 64 * t));
             }
         }
 #pragma GCC unroll 8
@@ -366,62 +355,44 @@ INLINE void ktile(const int kt, const int rows, const int cols, int64_t nb,
             float  d;
             __m512 xd;
 
-            memcpy(&d, x + i * ldx + b * sizeof(BlockQ8_K) + XK_D, 4);
+            memcpy(&d, xb + i * ldx + XK_D, 4);
             xd = _mm512_set1_ps(d);
-#pragma GCC unroll 8
-            for (int j = 0; j < cols; j++) {
-                acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[i][j]),
-                                            _mm512_mul_ps(xd, kw[j].d),
-                                            acc[i][j]);
-                if (kt_min(kt)) {
-                    acc[i][j] = _mm512_fmadd_ps(
-                        _mm512_cvtepi32_ps(_mm512_zextsi256_si512(ms[i][j])),
-                        _mm512_mul_ps(xd, kw[j].dmin), acc[i][j]);
-                }
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[i]),
+                                     _mm512_mul_ps(xd, kw.d), acc[i]);
+            if (kt_min(kt)) {
+                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(
+                        _mm512_zextsi256_si512(kbsums(xb + i * ldx, &kw))),
+                    _mm512_mul_ps(xd, kw.dmin), acc[i]);
             }
         }
     }
 #pragma GCC unroll 8
-    for (int i = 0; i < rows; i++) {
-#pragma GCC unroll 8
-        for (int j = 0; j < cols; j++) out[i * ldo + j] = hsum(acc[i][j]);
-    }
+    for (int i = 0; i < rows; i++) out[i * ldo] = hsum(acc[i]);
 }
 
-/* out (mr, nr) for mr <= KQ_ROWS: tiles of KQ_COLS weight rows, the last
- * odd weight row in 1x1 tiles; one activation row (decode) in 1x1 tiles
- * over whole rows, one weight row after the other. */
+/* out (mr, nr) for mr <= KQ_ROWS: one (mr x 1) tile per weight row, which
+ * is unpacked once for all the activation rows. Decode (mr 1) thus reads
+ * one weight row after the other, a single sequential stream per thread,
+ * as avx512.c does. */
 INLINE void kgemm(const int kt, int64_t k, int mr, int nr, const char *x,
                   size_t ldx, const char *w, size_t ldw, float *out,
                   size_t ldo)
 {
     int64_t nb = k / QK_K;
-    int     j = 0;
 
-    if (mr == 1) {
-        for (; j < nr; j++) {
-            ktile(kt, 1, 1, nb, x, ldx, w + j * ldw, ldw, out + j, ldo);
-        }
-        return;
-    }
-    for (; j + KQ_COLS <= nr; j += KQ_COLS) {
+    for (int j = 0; j < nr; j++) {
         const char *wj = w + j * ldw;
 
-        switch (mr) {                   /* KQ_ROWS cases */
-        case 4: ktile(kt, 4, KQ_COLS, nb, x, ldx, wj, ldw, out + j, ldo); break;
-        case 3: ktile(kt, 3, KQ_COLS, nb, x, ldx, wj, ldw, out + j, ldo); break;
-        case 2: ktile(kt, 2, KQ_COLS, nb, x, ldx, wj, ldw, out + j, ldo); break;
+#define KQ_CASE(r) case r: ktile(kt, r, nb, x, ldx, wj, out + j, ldo); break;
+        switch (mr) {                   /* cases 1..KQ_ROWS */
+        KQ_CASE(8) KQ_CASE(7) KQ_CASE(6) KQ_CASE(5) KQ_CASE(4) KQ_CASE(3)
+        KQ_CASE(2) KQ_CASE(1)
         }
-    }
-    for (; j < nr; j++) {
-        for (int i = 0; i < mr; i++) {
-            ktile(kt, 1, 1, nb, x + i * ldx, ldx, w + j * ldw, ldw,
-                  out + i * ldo + j, ldo);
-        }
+#undef KQ_CASE
     }
 }
 
-_Static_assert(KQ_ROWS == 4, "kgemm's switch covers 2..4 rows");
+_Static_assert(KQ_ROWS == 8, "kgemm's switch covers 1..KQ_ROWS rows");
 
 #define KGEMM_FN(name, kt)                                                    \
 void name(int64_t k, int mr, int nr, const void *x, size_t ldx,              \
