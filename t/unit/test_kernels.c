@@ -597,15 +597,21 @@ static void random_blocks(DType t, void *row, int64_t n) {
     }
 }
 
-/* n activation rows of k as x_form f (Q8_K, Q8_1 or Q8_0, ref's
- * quantizers, what cpu_backend.c gives these gemms); the row stride. */
+/* n activation rows of k as x_form f, as cpu_backend.c converts them for
+ * ref's gemms: Q8_K and Q8_1 by dtype.c's quantizers, Q8_0 by ref.c's
+ * (which rounds unlike dtype.c's ggml reference); the row stride. */
 static size_t x_quantize(DType f, const float *x, int64_t n, int64_t k,
                          char *y)
 {
     size_t ld = dtype_row_bytes(f, k);
 
     for (int64_t r = 0; r < n; r++) {
-        quantize_row(f, x + r * k, y + r * ld, k);
+        if (f == DT_Q8_0) {
+            cpu_vec_ref.quantize_q8_0(x + r * k, (BlockQ8_0 *) (y + r * ld),
+                                      k);
+        } else {
+            quantize_row(f, x + r * k, y + r * ld, k);
+        }
     }
     return ld;
 }
@@ -615,7 +621,9 @@ static size_t x_quantize(DType f, const float *x, int64_t n, int64_t k,
  * A table without its own gemm for a type runs ref's (vec_gemm): skipped. */
 static void test_gemm_quants(void **state) {
     const Isa *I = *state;
-    static const int64_t ks[] = { 256, 512, 768, 2304, 5632 };
+    /* the 32-element block types also get odd block counts (a half
+       step of the 64-element SIMD step at the end) */
+    static const int64_t ks[] = { 256, 512, 768, 2304, 5632, 96, 1056 };
     static const int     nrs[] = { 1, 2, 3, 4, 5, 8, 13, 48, GW };
     int64_t kmax = 5632;
     int     mmax = 16;
@@ -635,7 +643,7 @@ static void test_gemm_quants(void **state) {
 
         if (g->gemm == NULL || I->vec == &cpu_vec_ref) continue;
         assert_int_equal(g->conv == NULL ? g->x_form : r->x_form, r->x_form);
-        for (int ki = 0; ki < 5; ki++) {
+        for (int ki = 0; ki < (dtype_block(t) == QK ? 7 : 5); ki++) {
             int64_t k = ks[ki];
             size_t  rb = dtype_row_bytes(t, k), ldr, ldv;
             char   *w = xmalloc(GW * rb), *xr = xmalloc((size_t) (mr * k) * 2 + 4096);
