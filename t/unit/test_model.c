@@ -485,7 +485,9 @@ static void test_load_errors(void **state) {
     char                path[64];
     static const char  *emb[] = { "token_embd.weight" };
     static const int64_t ok[][2] = { { 64, 512 } }, bad[][2] = { { 32, 512 } };
-    static const uint32_t f32[] = { 0 }, q5_1[] = { 7 };
+    /* mxfp4 is a ggml weight type the kernels do not run; q4_K rows of 64
+       are not whole super-blocks */
+    static const uint32_t f32[] = { 0 }, mxfp4[] = { 39 }, q4_K[] = { 12 };
 
     (void) state;
     snprintf(path, sizeof(path), "/tmp/omni-test-bad-%d.gguf", (int) getpid());
@@ -496,8 +498,11 @@ static void test_load_errors(void **state) {
     expect_load_error(path, "missing metadata key 'llama.context_length'");
     write_bad(path, "llama", true, 0, NULL, NULL, NULL);
     expect_load_error(path, "missing tensor 'token_embd.weight'");
-    write_bad(path, "llama", true, 1, emb, q5_1, ok);
-    expect_load_error(path, "has type q5_1, which is not supported");
+    write_bad(path, "llama", true, 1, emb, mxfp4, ok);
+    expect_load_error(path, "has type mxfp4, which is not supported");
+    write_bad(path, "llama", true, 1, emb, q4_K, ok);
+    expect_load_error(path, "tensor 'token_embd.weight' row length 64 is "
+                      "not a multiple of the q4_K block size 256");
     write_bad(path, "llama", true, 1, emb, f32, bad);
     expect_load_error(path, "tensor 'token_embd.weight' has shape [32, 512");
     write_bad(path, "llama", true, 1, emb, f32, ok);
