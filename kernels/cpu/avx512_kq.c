@@ -4,19 +4,19 @@
  * names them.
  *
  * One register-tiled body, ktile(), instantiated per type (kt, a
- * compile-time constant) and tile shape. A tile is rows activation rows
- * against cols weight rows; it walks k one super-block (256 elements) at
- * a time and per super-block:
+ * compile-time constant) and tile height. A tile is rows activation rows
+ * against one weight row; it walks k one super-block (256 elements) at a
+ * time and per super-block:
  *
- *   1. per weight row: unpacks the sub-block scales to int16 (kw_prep);
+ *   1. unpacks the weight row's sub-block scales to int16 (kw_prep);
  *   2. per output: starts an int32 vector, from the bsums term where the
  *      weights carry an offset (Q6_K's -32, Q3_K's -4, IQ4_XS's biased
  *      table: the values are made unsigned, the offset times the sum of
  *      the activations per sub-block is taken off exactly);
- *   3. in 4 steps of 64 elements: per weight row, 64 unsigned values
- *      (kw_q) and their scales (kw_sc); per activation row, 64 signed
- *      bytes; per output vpmaddubsw (u8 x s8 -> s16 pairs, which cannot
- *      saturate for values below 64) and vpdpwssd with the scales: exact
+ *   3. in 4 steps of 64 elements: 64 unsigned weight values (kw_q) and
+ *      their scales (kw_sc); per activation row, 64 signed bytes; per
+ *      output vpmaddubsw (u8 x s8 -> s16 pairs, which cannot saturate
+ *      for values below 64) and vpdpwssd with the scales: exact
  *      int32 sums of sc * q * x. IQ4_XS values reach 241 once biased, so
  *      it runs vpdpbusd and multiplies by the scale in int32 instead;
  *   4. per output: acc += float(isum) * (d_x * d), and for the types with
