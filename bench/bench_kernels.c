@@ -4,7 +4,8 @@
  *   bench_kernels [isa] [threads] [types] [reps]
  *     isa      auto (default), avx512, avx2, ref
  *     threads  0 = one per core (default)
- *     types    comma list of ggml's names (q4_K, iq4_nl, ...), default
+ *     types    comma list of ggml type names (f32, f16, bf16, q8_0, q4_0,
+ *              q4_1, q5_0, q5_1, q2_K..q6_K, iq4_nl, iq4_xs), default
  *              f16,q8_0,q4_0,bf16,f32
  *     reps     timed repetitions per configuration, default 7
  *

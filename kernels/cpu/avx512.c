@@ -27,6 +27,14 @@
  *     of every group of four. Then per output: convert, multiply the scales
  *     (activation x weight), FMA. The pair work is 4 instructions per 64
  *     weights; llama.cpp's AVX-512 q8_0 path spends about 5 per 32.
+ *   q5_0, iq4_nl weights: the q4_0 step with other values: q5_0 adds each
+ *     element's fifth bit (qh, a byte mask of the step) and 112, iq4_nl
+ *     looks its nibbles up in iq4nl_values + 128 (vpshufb).
+ *   q4_1, q5_1 weights: the same step over Q8_1 activations (their ggml
+ *     pairing; dtype.c's rounding), laid out by xq1_conv with the blocks'
+ *     s = d * sum q appended, and one more FMA per output adds m * s.
+ *   The K-quants and iq4_xs (256-element super-blocks, Q8_K activations)
+ *     have their own body in avx512_kq.c.
  *   q8_0, q4_0 weights repacked at load (WL_X16, see dtype.h): 512
  *     elements (a group of 16 blocks) per step. A 64-byte load holds 4
  *     weights of each of the 16 blocks, already unsigned, so 8 vpdpbusd
@@ -50,29 +58,39 @@
 
 #include "avx512.h"
 
-enum { T_F32, T_F16, T_BF16, T_Q8, T_Q4, T_Q8X, T_Q4X };
+/* The q types of 32-element blocks (T_Q8 .. T_Q51) share the step and
+ * the tile; the repacked ones come last. */
+enum { T_F32, T_F16, T_BF16, T_Q8, T_Q4, T_Q5, T_IQ4, T_Q41, T_Q51, T_Q8X,
+       T_Q4X };
 
 #define XQ_STEP 192             /* bytes per 64 elements of converted x */
+#define XQ1_STEP 256            /* the same, Q8_1 (with the sums s) */
 #define XG_STEP 640             /* bytes per 512 elements (a WL_X16 group) */
 
 
 /* ---- matmul: one step of each weight type ---------------------------------- */
 
 /* A weight step: f (16 floats) or q (64 unsigned bytes) with d, each
- * block's scale on its 8 lanes. Unused members compile away. */
+ * block's scale on its 8 lanes, and m (Q4_1, Q5_1: the mins likewise).
+ * Unused members compile away. */
 typedef struct {
     __m512  f;
     __m512i q;
-    __m512  d;
+    __m512  d, m;
 } WOp;
 
 /* An activation step: f (16 floats) or q (64 signed bytes), c (the
- * correction for the +128 bias of the weights) and d (scales). */
+ * correction for the +128 bias of the weights), d (scales) and s (Q8_1's
+ * d * sum q of each block, in lanes 0 and 8, zero elsewhere). */
 typedef struct {
     __m512  f;
     __m512i q, c;
-    __m512  d;
+    __m512  d, s;
 } XOp;
+
+INLINE bool t_q8_1(const int wtype) {
+    return wtype == T_Q41 || wtype == T_Q51;
+}
 
 /* The two block scales of a step as [d0 x8, d1 x8]; d1 = 0 when half. */
 INLINE __m512 block_scales(uint16_t d0, uint16_t d1) {
@@ -113,19 +131,53 @@ INLINE WOp load_w(const int wtype, const char *w, int64_t s, int rem) {
         o.q = _mm512_xor_si512(q, _mm512_set1_epi8((char) 0x80));
         o.d = block_scales(b[0].d, rem ? 0 : b[1].d);
     } else {
-        /* quarters: block 0 low nibbles (elements 0..15), high nibbles
-           (16..31), then block 1 likewise */
-        const BlockQ4_0 *b = (const BlockQ4_0 *) w + s * 2;
-        __m128i lo = _mm_loadu_si128((const __m128i *) b[0].qs);
-        __m128i hi = rem ? _mm_setzero_si128()
-                         : _mm_loadu_si128((const __m128i *) b[1].qs);
-        __m512i q = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(lo),
-                                                0xff00, hi);
+        /* T_Q4, T_Q5, T_IQ4, T_Q41, T_Q51 as quarters: block 0 low nibbles
+           (elements 0..15), high nibbles (16..31), then block 1 likewise;
+           the fifth bits of element n of block b are bit n of its qh,
+           so of the step the mask bit 32b + n. Values become unsigned
+           by adding 128 (the activations' correction takes it off) */
+        const bool   q5 = wtype == T_Q5 || wtype == T_Q51;
+        const size_t bsz = wtype == T_Q5 ? sizeof(BlockQ5_0)
+                           : wtype == T_Q41 ? sizeof(BlockQ4_1)
+                           : wtype == T_Q51 ? sizeof(BlockQ5_1)
+                           : sizeof(BlockQ4_0);
+        const size_t qs = bsz - QK / 2, dm = t_q8_1(wtype) ? 2 : 0;
+        const char  *b0 = w + s * 2 * bsz, *b1 = b0 + bsz;
+        __m128i      lo = _mm_loadu_si128((const __m128i *) (b0 + qs));
+        __m128i      hi = rem ? _mm_setzero_si128()
+                              : _mm_loadu_si128((const __m128i *) (b1 + qs));
+        __m512i      q = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(lo),
+                                                     0xff00, hi);
+        uint16_t     d0, d1 = 0, m0 = 0, m1 = 0;
 
         q = _mm512_mask_srli_epi16(q, 0xff00ff00, q, 4);
         q = _mm512_and_si512(q, _mm512_set1_epi8(0x0f));
-        o.q = _mm512_add_epi8(q, _mm512_set1_epi8(120));    /* q - 8 + 128 */
-        o.d = block_scales(b[0].d, rem ? 0 : b[1].d);
+        if (wtype == T_IQ4) {
+            q = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_xor_si128(
+                    _mm_loadu_si128((const __m128i *) iq4nl_values),
+                    _mm_set1_epi8((char) 0x80))), q);
+        } else {
+            /* q - 8 (Q4_0), q - 16 (Q5_0), q (Q4_1, Q5_1); + 128 */
+            q = _mm512_add_epi8(q, _mm512_set1_epi8(
+                (char) (wtype == T_Q4 ? 120 : wtype == T_Q5 ? 112 : 128)));
+        }
+        if (q5) {
+            uint32_t h0, h1 = 0;
+
+            memcpy(&h0, b0 + qs - 4, 4);
+            if (!rem) memcpy(&h1, b1 + qs - 4, 4);
+            q = _mm512_mask_add_epi8(q, (__mmask64) h0 | (__mmask64) h1 << 32,
+                                     q, _mm512_set1_epi8(16));
+        }
+        memcpy(&d0, b0, 2);
+        if (!rem) memcpy(&d1, b1, 2);
+        if (t_q8_1(wtype)) {
+            memcpy(&m0, b0 + dm, 2);
+            if (!rem) memcpy(&m1, b1 + dm, 2);
+            o.m = block_scales(m0, m1);
+        }
+        o.q = q;
+        o.d = block_scales(d0, d1);
     }
     return o;
 }
@@ -142,11 +194,12 @@ INLINE XOp load_x(const int wtype, const char *x, int64_t s, int rem) {
         __asm__("" : "+v"(o.f));
     } else {
         /* converted rows are whole steps, zero-padded: rem needs nothing */
-        const char *p = x + s * XQ_STEP;
+        const char *p = x + s * (t_q8_1(wtype) ? XQ1_STEP : XQ_STEP);
 
         o.q = _mm512_loadu_si512(p);
         o.c = _mm512_loadu_si512(p + 64);
         o.d = _mm512_loadu_ps((const float *) (p + 128));
+        if (t_q8_1(wtype)) o.s = _mm512_loadu_ps((const float *) (p + 192));
     }
     return o;
 }
@@ -156,8 +209,9 @@ INLINE __m512 madd(const int wtype, XOp x, WOp w, __m512 acc) {
 
     if (wtype <= T_BF16) return _mm512_fmadd_ps(x.f, w.f, acc);
     p = _mm512_dpbusd_epi32(x.c, w.q, x.q);
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(x.d, w.d),
-                           acc);
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(x.d, w.d), acc);
+    /* Q4_1, Q5_1: each block's m * s, in lanes 0 and 8 */
+    return t_q8_1(wtype) ? _mm512_fmadd_ps(x.s, w.m, acc) : acc;
 }
 
 
@@ -208,14 +262,14 @@ INLINE __m512 madd(const int wtype, XOp x, WOp w, __m512 acc) {
 #define TILE_PARK_SLOTS (COLS_MAX * ROWS_MAX * ACC_MAX)
 
 INLINE int t_rows(const int wtype) {
-    return wtype <= T_BF16 ? F_ROWS : wtype <= T_Q4 ? Q_ROWS : X_ROWS;
+    return wtype <= T_BF16 ? F_ROWS : wtype < T_Q8X ? Q_ROWS : X_ROWS;
 }
 INLINE int t_cols(const int wtype) {
-    return wtype <= T_BF16 ? F_COLS : wtype <= T_Q4 ? Q_COLS : X_COLS;
+    return wtype <= T_BF16 ? F_COLS : wtype < T_Q8X ? Q_COLS : X_COLS;
 }
 INLINE int t_acc(const int wtype)  { return wtype <= T_BF16 ? F_ACC : Q_ACC; }
 INLINE int t_step(const int wtype) {
-    return wtype <= T_BF16 ? 16 : wtype <= T_Q4 ? 64 : 512;
+    return wtype <= T_BF16 ? 16 : wtype < T_Q8X ? 64 : 512;
 }
 /* The type whose steps run the tail of a WL_X16 row (its blocks past the
  * last group are stored as usual). */
@@ -641,6 +695,10 @@ GEMM_FN(gemm_f16, T_F16)
 GEMM_FN(gemm_bf16, T_BF16)
 GEMM_FN(gemm_q8_0, T_Q8)
 GEMM_FN(gemm_q4_0, T_Q4)
+GEMM_FN(gemm_q5_0, T_Q5)
+GEMM_FN(gemm_iq4_nl, T_IQ4)
+GEMM_FN(gemm_q4_1, T_Q41)
+GEMM_FN(gemm_q5_1, T_Q51)
 GEMM_FN(gemm_q8_0x, T_Q8X)
 GEMM_FN(gemm_q4_0x, T_Q4X)
 
@@ -699,6 +757,41 @@ static void xq_conv(const float *x, void *y, int64_t k) {
     }
 }
 
+static size_t xq1_bytes(int64_t k) {
+    return (size_t) ((k + 63) / 64) * XQ1_STEP;
+}
+
+/* The Q4_1/Q5_1 activation layout: xq_conv's, of blocks quantized to
+ * Q8_1 by dtype.c (its rounding differs from Q8_0's), then per step the
+ * two blocks' s (d * sum q) in lanes 0 and 8 of 16 floats. */
+static void xq1_conv(const float *x, void *y, int64_t k) {
+    char *o = y;
+
+    for (int64_t e = 0; e < k; e += 64, o += XQ1_STEP) {
+        BlockQ8_1 b[2];
+        float     d[16] = { 0 }, sv[16] = { 0 };
+        __m512i   q, c;
+
+        memset(b, 0, sizeof(b));
+        quantize_row_q8_1_ref(x + e, b, k - e < 64 ? QK : 2 * QK);
+        for (int i = 0; i < 2; i++) {
+            for (int l = 0; l < 8; l++) d[8 * i + l] = f16_to_f32(b[i].d);
+            sv[8 * i] = f16_to_f32(b[i].s);
+        }
+        q = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)
+                                                      b[0].qs)),
+            _mm256_loadu_si256((const __m256i *) b[1].qs), 1);
+        c = _mm512_dpbusd_epi32(_mm512_setzero_si512(),
+                                _mm512_set1_epi8((char) 0x80), q);
+        _mm512_storeu_si512(o, q);
+        _mm512_storeu_si512(o + 64, _mm512_sub_epi32(_mm512_setzero_si512(),
+                                                     c));
+        memcpy(o + 128, d, sizeof(d));
+        memcpy(o + 192, sv, sizeof(sv));
+    }
+}
+
 static size_t xg_bytes(int64_t k) {
     return (size_t) (k / 512) * XG_STEP + xq_bytes(k % 512);
 }
@@ -744,6 +837,16 @@ const CpuVec cpu_vec_avx512 = {
         { DT_Q8_0, gemm_q4_0, Q_ROWS, Q_COLS, xq_conv, xq_bytes },
         { DT_Q8_0, gemm_q8_0x, X_CALL_ROWS, X_COLS, xg_conv, xg_bytes },
         { DT_Q8_0, gemm_q4_0x, X_CALL_ROWS, X_COLS, xg_conv, xg_bytes },
+        [7]  = { DT_Q8_1, gemm_q4_1, Q_ROWS, Q_COLS, xq1_conv, xq1_bytes },
+        [8]  = { DT_Q8_0, gemm_q5_0, Q_ROWS, Q_COLS, xq_conv, xq_bytes },
+        [9]  = { DT_Q8_1, gemm_q5_1, Q_ROWS, Q_COLS, xq1_conv, xq1_bytes },
+        [10] = { DT_Q8_K, avx512_gemm_q2_K, KQ_ROWS, 1, NULL, NULL },
+        [11] = { DT_Q8_K, avx512_gemm_q3_K, KQ_ROWS, 1, NULL, NULL },
+        [12] = { DT_Q8_K, avx512_gemm_q4_K, KQ_ROWS, 1, NULL, NULL },
+        [13] = { DT_Q8_K, avx512_gemm_q5_K, KQ_ROWS, 1, NULL, NULL },
+        [14] = { DT_Q8_K, avx512_gemm_q6_K, KQ_ROWS, 1, NULL, NULL },
+        [15] = { DT_Q8_0, gemm_iq4_nl, Q_ROWS, Q_COLS, xq_conv, xq_bytes },
+        [16] = { DT_Q8_K, avx512_gemm_iq4_xs, KQ_ROWS, 1, NULL, NULL },
     },
     .quantize_q8_0 = quantize_q8_0,
     .to_f16 = avx512_to_f16,

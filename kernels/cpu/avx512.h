@@ -72,6 +72,22 @@ INLINE __m512 exp16(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
+/* avx512_kq.c: the K-quant and IQ4_XS gemms (Q8_K activations), their
+ * tile shape. */
+#define KQ_ROWS 8               /* activation rows per tile (table mr) */
+void avx512_gemm_q2_K(int64_t k, int mr, int nr, const void *x, size_t ldx,
+                      const void *w, size_t ldw, float *out, size_t ldo);
+void avx512_gemm_q3_K(int64_t k, int mr, int nr, const void *x, size_t ldx,
+                      const void *w, size_t ldw, float *out, size_t ldo);
+void avx512_gemm_q4_K(int64_t k, int mr, int nr, const void *x, size_t ldx,
+                      const void *w, size_t ldw, float *out, size_t ldo);
+void avx512_gemm_q5_K(int64_t k, int mr, int nr, const void *x, size_t ldx,
+                      const void *w, size_t ldw, float *out, size_t ldo);
+void avx512_gemm_q6_K(int64_t k, int mr, int nr, const void *x, size_t ldx,
+                      const void *w, size_t ldw, float *out, size_t ldo);
+void avx512_gemm_iq4_xs(int64_t k, int mr, int nr, const void *x, size_t ldx,
+                        const void *w, size_t ldw, float *out, size_t ldo);
+
 /* avx512_ops.c: conversions, attention and the elementwise kernels. */
 void avx512_to_f16(const float *x, uint16_t *y, int64_t n);
 void avx512_dequantize(DType t, const void *row, float *y, int64_t n);
