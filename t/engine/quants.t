@@ -39,12 +39,17 @@ my @prompts = ('Once upon a time', 'The quick brown fox jumps over',
                'Lily and Tom went to the park');
 splice(@prompts, $ENV{OMNI_QUANT_PROMPTS} // 2);
 my $n_tokens = 32;
-# Largest logit difference from llama.cpp's, relative to the largest logit:
-# activations are quantized before every quantized matmul, so a last-bit
-# difference upstream moves values across rounding boundaries; llama.cpp's
-# own two attention paths (flash attention on and off) differ on these
-# files by as much (bench/agreement measures both).
-my $NOISE = 0.03;
+# Largest logit difference from llama.cpp's, relative to the largest logit.
+# Activations are quantized before every quantized matmul, which amplifies
+# last-bit differences upstream: on these random models the F32 files'
+# logits agree with llama.cpp's to 0.05%, their Q8_0 versions to about 1%
+# (a 0.05% difference moves ~2% of a row's values across a rounding
+# boundary, each by a whole quantization step), the others to 1-3%;
+# llama.cpp's own two attention paths (flash attention on and off) differ
+# on these files as much (bench/agreement measures both). A misread block
+# or scale moves logits by far more; the kernels themselves are held to the
+# scalar reference to 1e-10 by the unit tests.
+my $NOISE = 0.05;
 my $MIN_DISTINCT = 4;           # tokens in 32 a model must vary over
 
 my ($total, $exact, @ties) = (0, 0);
