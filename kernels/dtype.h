@@ -63,6 +63,14 @@
 #include <stdint.h>
 #include <string.h>
 
+/* The CUDA backend's .cu files include this as C++. */
+#ifdef __cplusplus
+#define OMNI_STATIC_ASSERT static_assert
+extern "C" {
+#else
+#define OMNI_STATIC_ASSERT _Static_assert
+#endif
+
 typedef enum {
     DT_F32    = 0,
     DT_F16    = 1,
@@ -179,20 +187,20 @@ typedef enum {
 
 #define X16 16                      // blocks per WL_X16 group
 
-_Static_assert(sizeof(BlockQ8_0) == 34, "Q8_0 block must be 34 bytes");
-_Static_assert(sizeof(BlockQ4_0) == 18, "Q4_0 block must be 18 bytes");
-_Static_assert(sizeof(BlockQ4_1) == 20, "Q4_1 block must be 20 bytes");
-_Static_assert(sizeof(BlockQ5_0) == 22, "Q5_0 block must be 22 bytes");
-_Static_assert(sizeof(BlockQ5_1) == 24, "Q5_1 block must be 24 bytes");
-_Static_assert(sizeof(BlockQ8_1) == 36, "Q8_1 block must be 36 bytes");
-_Static_assert(sizeof(BlockQ2_K) == 84, "Q2_K block must be 84 bytes");
-_Static_assert(sizeof(BlockQ3_K) == 110, "Q3_K block must be 110 bytes");
-_Static_assert(sizeof(BlockQ4_K) == 144, "Q4_K block must be 144 bytes");
-_Static_assert(sizeof(BlockQ5_K) == 176, "Q5_K block must be 176 bytes");
-_Static_assert(sizeof(BlockQ6_K) == 210, "Q6_K block must be 210 bytes");
-_Static_assert(sizeof(BlockQ8_K) == 292, "Q8_K block must be 292 bytes");
-_Static_assert(sizeof(BlockIQ4_NL) == 18, "IQ4_NL block must be 18 bytes");
-_Static_assert(sizeof(BlockIQ4_XS) == 136, "IQ4_XS block must be 136 bytes");
+OMNI_STATIC_ASSERT(sizeof(BlockQ8_0) == 34, "Q8_0 block must be 34 bytes");
+OMNI_STATIC_ASSERT(sizeof(BlockQ4_0) == 18, "Q4_0 block must be 18 bytes");
+OMNI_STATIC_ASSERT(sizeof(BlockQ4_1) == 20, "Q4_1 block must be 20 bytes");
+OMNI_STATIC_ASSERT(sizeof(BlockQ5_0) == 22, "Q5_0 block must be 22 bytes");
+OMNI_STATIC_ASSERT(sizeof(BlockQ5_1) == 24, "Q5_1 block must be 24 bytes");
+OMNI_STATIC_ASSERT(sizeof(BlockQ8_1) == 36, "Q8_1 block must be 36 bytes");
+OMNI_STATIC_ASSERT(sizeof(BlockQ2_K) == 84, "Q2_K block must be 84 bytes");
+OMNI_STATIC_ASSERT(sizeof(BlockQ3_K) == 110, "Q3_K block must be 110 bytes");
+OMNI_STATIC_ASSERT(sizeof(BlockQ4_K) == 144, "Q4_K block must be 144 bytes");
+OMNI_STATIC_ASSERT(sizeof(BlockQ5_K) == 176, "Q5_K block must be 176 bytes");
+OMNI_STATIC_ASSERT(sizeof(BlockQ6_K) == 210, "Q6_K block must be 210 bytes");
+OMNI_STATIC_ASSERT(sizeof(BlockQ8_K) == 292, "Q8_K block must be 292 bytes");
+OMNI_STATIC_ASSERT(sizeof(BlockIQ4_NL) == 18, "IQ4_NL block must be 18 bytes");
+OMNI_STATIC_ASSERT(sizeof(BlockIQ4_XS) == 136, "IQ4_XS block must be 136 bytes");
 
 /* True for the weight types the kernels run: every DType but the
  * activation-only Q8_1 and Q8_K. */
@@ -348,5 +356,9 @@ void dequantize_row(DType t, const void *row, float *out, int64_t n);
 void x16_pack_row(DType t, void *row, int64_t n);
 /* Writes the 16 blocks (WL_ROWS) that a WL_X16 group of type t holds. */
 void x16_unpack_group(DType t, const void *group, void *blocks);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

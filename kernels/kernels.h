@@ -1,8 +1,11 @@
 /* kernels.h -- the compute backend seam: every operation the model's forward
  * pass needs, as one table of function pointers.
  *
- * model.c sees only this header. A backend (kernels/cpu/, later
- * kernels/cuda/) fills a Backend at creation; the model calls through it.
+ * model.c sees only this header. A backend (kernels/cpu/, kernels/cuda/)
+ * fills a Backend at creation; the model calls through it. Pointers given
+ * to ops are in the backend's memory (host memory for the CPU, device
+ * memory for CUDA: see alloc and upload), except the host arrays of a
+ * TokenBatch, which a device backend copies over in begin.
  * Shapes are given as (rows, cols) with cols contiguous, rows of a batch of
  * n tokens one after another.
  *
@@ -27,6 +30,10 @@
 #include <stdint.h>
 
 #include "dtype.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /* A weight matrix, viewed in place (no dequantized copy is ever made). */
 typedef struct {
@@ -170,18 +177,85 @@ struct Backend {
     /* x (n,) *= s. */
     void (*scale)(Backend *be, float *x, int64_t n, float s);
 
+    /* ---- Where the data lives --------------------------------------
+     * A host backend (the CPU's) leaves every hook below NULL except
+     * gather: activations, the KV pool and weights are host memory, and
+     * logits are read where forward wrote them. A device backend (CUDA)
+     * fills them all: buffers its ops touch come from alloc, weights are
+     * copied over by upload, and only token ids (or the logits rows a
+     * sampler needs) come back. */
+
+    /* (optional) Memory for activations or the KV pool, in the backend's
+     * memory and charged to its budget; NULL when it is spent. release
+     * frees it. NULL hooks: host memory (the caller's aligned_alloc). */
+    void *(*alloc)(Backend *be, size_t bytes);
+    void  (*release)(Backend *be, void *p);
+
+    /* (optional) Bytes of the backend's memory budget still free (for
+     * sizing the KV pool from it); -1 when it has no budget of its own. */
+    int64_t (*budget_left)(Backend *be);
+
+    /* (optional) Copies w's rows into the backend's memory and points
+     * w->data there; a matrix with the same data and size as one already
+     * uploaded shares that copy (a tied output). Returns -1 with err set
+     * when the type is one this backend does not run or memory runs out.
+     * Runs at load time. */
+    int  (*upload)(Backend *be, Matrix *w, char *err, size_t errlen);
+    /* (optional) The same for a vector of n f32 (norm weights, biases,
+     * RoPE factors): *v is replaced by the backend's copy. */
+    int  (*upload_f32)(Backend *be, const float **v, int64_t n, char *err,
+                       size_t errlen);
+
+    /* (optional) Called by model_forward before its first op and after
+     * its last, with the host arrays the ops will also be given: a device
+     * backend copies the batch's tokens, positions, block tables and output
+     * rows over in one transfer, and may record the ops in between as a
+     * graph (a decode step) or replay one recorded for the same shape. The
+     * arrays stay valid and unchanged until end. */
+    void (*begin)(Backend *be, const int32_t *tokens, const TokenBatch *b,
+                  const int32_t *out_idx, int64_t n_out);
+    void (*end)(Backend *be);
+
+    /* out (n_out, dim) = rows idx[i] of x (n, dim): the tokens that get
+     * logits. idx as given to begin. */
+    void (*gather)(Backend *be, float *out, const float *x,
+                   const int32_t *idx, int64_t n_out, int64_t dim);
+
+    /* (optional) ids (n,) on the host = the argmax of each logits row (n,
+     * n_vocab) in the backend's memory: the lowest id among the highest
+     * values, NaN never winning, as the sampler's greedy pick. Only the ids
+     * cross. NULL: read the logits on the host (sampler_sample). */
+    void (*argmax)(Backend *be, int32_t *ids, const float *logits,
+                   int64_t n, int64_t n_vocab);
+
+    /* (optional) Copies n floats of the backend's memory at src to the
+     * host at dst (a logits row a sampler needs whole). NULL: src is host
+     * memory already. */
+    void (*to_host)(Backend *be, float *dst, const float *src, int64_t n);
+
     /* Releases the backend and its ctx. */
     void (*free)(Backend *be);
 };
 
 /* Sizes a backend preallocates for, so that no op allocates. */
 typedef struct {
+    const char *backend;    // "auto" (CUDA when a device is present, else
+                            // the CPU), "cpu" or "cuda"; NULL = "auto"
     int         n_threads;  // workers incl. the caller; 0: one per core
     const char *isa;        // "auto" (best this CPU has), "avx512", "avx2",
                             // "neon" or "ref" (scalar); NULL = "auto"
     int64_t     max_tokens; // most tokens in one call
+    int64_t     max_out;    // most logits rows in one call
     int64_t     max_cols;   // longest matrix row (input features)
     int64_t     max_ctx;    // longest sequence attention reads
+    int         n_heads;    // query heads and head width attention runs
+    int         head_dim;   //   with (a device sizes its workspace)
+    int64_t     n_vocab;    // logits row length
+    double      gpu_memory_fraction;  // share of the device's memory the
+                            // backend may hold (weights, activations, KV
+                            // pool, workspace); 0 = 0.9
+    char        note[256];  // out: why "auto" chose as it did (a CUDA
+                            // backend missing or failing), "" otherwise
 } BackendConfig;
 
 /* The CPU features the kernel sets need, as bits: x86-64's, then
@@ -212,5 +286,24 @@ const char *cpu_kernel_set(const char *isa, unsigned features, char *err,
 /* Creates the CPU backend. Returns NULL with err set (errlen bytes) when the
  * CPU lacks the requested ISA or memory runs out. */
 Backend *backend_cpu_new(const BackendConfig *cfg, char *err, size_t errlen);
+
+/* Creates the backend cfg->backend names (backend.c): "cpu"; "cuda" from
+ * the CUDA plugin (omni-cuda.so, found as OMNI_CUDA_LIB says or beside the
+ * running executable), which needs a device, its driver and the memory;
+ * "auto" the CUDA one when it can be had, else the CPU with cfg->note
+ * saying why not. Returns NULL with err naming what is missing. Call it
+ * in a process that will not fork afterwards (the thinker stage is
+ * exec'ed): CUDA's context does not survive a fork. */
+Backend *backend_new(BackendConfig *cfg, char *err, size_t errlen);
+
+/* The CUDA plugin's one entry point (kernels/cuda/cuda_backend.cu),
+ * looked up by name by backend_new. */
+#define BACKEND_CUDA_ENTRY "omni_cuda_backend_new"
+typedef Backend *(*BackendNewFn)(const BackendConfig *cfg, char *err,
+                                 size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif
