@@ -110,7 +110,7 @@ INC_voicebox := proto base request audio tts stage voicebox
 INC_listener := proto base request audio tts stage listener
 INC_cli      := proto base request llm stage cli
 INC_main     := proto $(ENGINE_DIRS)
-KERNEL_INCS  := -Ikernels -Ikernels/cpu
+KERNEL_INCS  := -Ikernels -Ikernels/cpu -Ikernels/cuda
 ALL_INCS     := $(INC_main:%=-Iengine/%) $(KERNEL_INCS)
 
 # $(call incs,SOURCE): the -I flags SOURCE compiles with.
@@ -120,7 +120,7 @@ incs = $(strip $(if $(filter kernels/%,$(1)),$(KERNEL_INCS), \
     $(if $(filter llm thinker cli,$(word 2,$(subst /, ,$(1)))),-Ikernels))))
 
 ENGINE_SRCS := $(wildcard $(ENGINE_DIRS:%=engine/%/*.c))
-KERNEL_SRCS := $(wildcard kernels/*.c) \
+KERNEL_SRCS := $(wildcard kernels/*.c) $(wildcard kernels/cuda/*.c) \
                $(filter-out $(ISA_x86_64) $(ISA_aarch64), \
                    $(wildcard kernels/cpu/*.c)) \
                $(ISA_SRCS)
@@ -142,9 +142,40 @@ ASAN_FLAGS  := -fsanitize=address,undefined -fno-sanitize-recover=all \
 NGX_SRC   := /usr/share/nginx/src
 NGX_BUILD := $(BUILD)/nginx
 
-all: $(BUILD)/omni-engine \
+all: $(BUILD)/omni-engine $(CUDA_PLUGIN) \
      $(if $(CROSS),,$(if $(wildcard $(NGX_SRC)/configure), \
          $(BUILD)/ngx_omni_module.so))
+
+# The CUDA backend: a plugin beside the engine (kernels/backend.c loads it
+# at run time, so omni-engine itself links nothing of CUDA and runs on any
+# machine), built whenever nvcc is found: sm_80 (A100) and sm_90
+# (H100/H200) code, plus sm_90 PTX for newer devices to compile at load.
+# cudart is linked statically; cuBLASLt is found through the rpath. plan.c
+# is in libomni.a too, but the plugin gets its own position-independent
+# copy.
+NVCC        ?= $(firstword $(shell command -v nvcc 2>/dev/null) \
+                           $(wildcard /usr/local/cuda/bin/nvcc))
+CUDA_HOME   ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_ARCHS  ?= 80 90
+CUDA_GENCODE = $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+               -gencode arch=compute_$(lastword $(CUDA_ARCHS)),code=compute_$(lastword $(CUDA_ARCHS))
+CUDA_SRCS   := $(wildcard kernels/cuda/*.cu)
+CUDA_OBJS   := $(CUDA_SRCS:%.cu=$(BUILD)/cuda/%.o) \
+               $(BUILD)/cuda/kernels/cuda/plan.o
+CUDA_PLUGIN := $(if $(CROSS),,$(if $(NVCC),$(BUILD)/omni-cuda.so))
+
+$(BUILD)/cuda/%.o: %.cu $(wildcard kernels/*.h kernels/cuda/*.h)
+	@mkdir -p $(@D)
+	$(NVCC) -std=c++17 -O3 -Xcompiler -fPIC,-Wall,-Wextra $(CUDA_GENCODE) \
+	    $(KERNEL_INCS) -c $< -o $@
+
+$(BUILD)/cuda/%.o: %.c $(wildcard kernels/*.h kernels/cuda/*.h)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -fPIC $(KERNEL_INCS) -c $< -o $@
+
+$(BUILD)/omni-cuda.so: $(CUDA_OBJS)
+	$(NVCC) -shared $(CUDA_GENCODE) -o $@ $^ -lcublasLt \
+	    -Xlinker -rpath,$(CUDA_HOME)/lib64
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(@D)

@@ -293,17 +293,44 @@ static const char *isa_option(const Opts *o) {
         "ref, not '%s'", s);
 }
 
-/* The backend for rt's model, which may then rearrange its weights. */
-static void make_backend(const Opts *o, Runtime *rt, int64_t n_ctx,
-                         int64_t batch)
-{
-    Err err;
+/* --backend, else OMNI_BACKEND (a whole test run can ask for CUDA), else
+ * auto. */
+static const char *backend_option(const Opts *o) {
+    static const char *names[] = { "auto", "cpu", "cuda" };
+    const char        *env = getenv("OMNI_BACKEND");
+    const char        *s = opt_str(o, "backend", env != NULL && env[0] != '\0'
+                                                 ? env : "auto");
 
-    if (runtime_backend(rt, (int) opt_int(o, "threads", 0, 0, 1024),
-                        isa_option(o), batch, n_ctx, &err) != 0)
-    {
-        die("%s", err.msg);
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        if (strcmp(s, names[i]) == 0) return s;
     }
+    die("option '--backend' (or OMNI_BACKEND) must be auto, cpu or cuda, "
+        "not '%s'", s);
+}
+
+static double gpu_fraction_option(const Opts *o) {
+    return opt_float(o, "gpu-memory-fraction", 0.9, 0.01, 1.0);
+}
+
+/* The backend for rt's model (max_out logits rows per call), which then
+ * holds or rearranges its weights. Says on stderr why "auto" did not pick
+ * CUDA, once. */
+static void make_backend(const Opts *o, Runtime *rt, int64_t n_ctx,
+                         int64_t batch, int64_t max_out, int block_size)
+{
+    BackendConfig bc = { 0 };
+    Err           err;
+
+    bc.backend = backend_option(o);
+    bc.n_threads = (int) opt_int(o, "threads", 0, 0, 1024);
+    bc.isa = isa_option(o);
+    bc.max_tokens = batch;
+    bc.max_out = max_out;
+    bc.max_ctx = n_ctx;
+    bc.block_size = block_size;
+    bc.gpu_memory_fraction = gpu_fraction_option(o);
+    if (runtime_backend(rt, &bc, &err) != 0) die("%s", err.msg);
+    if (bc.note[0] != '\0') fprintf(stderr, "omni-engine: %s\n", bc.note);
 }
 
 
@@ -350,7 +377,8 @@ static int cmd_generate(int argc, char **argv) {
     static const char *vals[] = {
         "model", "prompt", "system", "max-tokens", "temperature", "seed",
         "top-k", "top-p", "min-p", "presence-penalty", "frequency-penalty",
-        "stop", "threads", "isa", "ctx", "batch", "top-logits", NULL
+        "stop", "threads", "isa", "ctx", "batch", "top-logits", "backend",
+        "gpu-memory-fraction", NULL
     };
     static const char *flags[] = { "chat", "stats", "mmap", NULL };
     Opts       o = { .n = 0 };
@@ -381,7 +409,7 @@ static int cmd_generate(int argc, char **argv) {
                     ? rt.m.c.n_ctx : RUNTIME_CTX_DEFAULT_MAX, 16,
                     rt.m.c.n_ctx);
     batch = opt_int(&o, "batch", 512, 1, 1 << 16);
-    make_backend(&o, &rt, n_ctx, batch);
+    make_backend(&o, &rt, n_ctx, batch, 1, GEN_BLOCK_SIZE);
     if (gen_init(&g, &rt.m, rt.tk, rt.be, n_ctx, batch, &err) != 0
         || gen_run(&g, prompt, n_prompt, &gp, emit_stdout, NULL, &st, &err)
            != 0)
@@ -468,7 +496,8 @@ static void print_series(const char *name, int64_t n, const double *v,
 
 static int cmd_bench(int argc, char **argv) {
     static const char *vals[] = {
-        "model", "n-prompt", "n-gen", "threads", "isa", "reps", NULL
+        "model", "n-prompt", "n-gen", "threads", "isa", "reps", "batch",
+        "backend", "gpu-memory-fraction", NULL
     };
     static const char *flags[] = { "mmap", NULL };
     Opts        o = { .n = 0 };
@@ -485,6 +514,7 @@ static int cmd_bench(int argc, char **argv) {
     p.n_prompt = opt_int(&o, "n-prompt", 512, 0, 1 << 16);
     p.n_gen = opt_int(&o, "n-gen", 128, 0, 1 << 16);
     p.reps = (int) opt_int(&o, "reps", 3, 1, 16);
+    p.batch = opt_int(&o, "batch", 1, 1, 4096);
     if (runtime_load_weights(&rt, path, load_how(&o), &err) != 0) {
         die_loading(path, &err);
     }
@@ -493,11 +523,13 @@ static int cmd_bench(int argc, char **argv) {
             rt.m.c.n_ctx);
     }
     make_backend(&o, &rt, p.n_prompt > p.n_gen ? p.n_prompt : p.n_gen,
-                 p.n_prompt > 1 ? p.n_prompt : 1);
+                 p.n_prompt > p.batch ? p.n_prompt : p.batch, p.batch,
+                 BENCH_BLOCK);
     if (bench_run(&rt.m, rt.be, &p, &r, &err) != 0) die("%s", err.msg);
     printf("{\"model\": \"%s\", \"backend\": \"%s\", \"threads\": %d, "
-           "\"weight_bytes_per_token\": %" PRIu64 ", ", path, rt.be->name,
-           (int) opt_int(&o, "threads", 0, 0, 1024), rt.m.weight_bytes);
+           "\"batch\": %" PRId64 ", \"weight_bytes_per_token\": %" PRIu64
+           ", ", path, rt.be->name, (int) opt_int(&o, "threads", 0, 0, 1024),
+           p.batch, rt.m.weight_bytes);
     if (p.n_prompt > 0) print_series("pp", p.n_prompt, r.pp_tps, r.reps);
     if (p.n_prompt > 0 && p.n_gen > 0) printf(", ");
     if (p.n_gen > 0) print_series("tg", p.n_gen, r.tg_tps, r.reps);
@@ -594,7 +626,8 @@ static int cmd_make_model(int argc, char **argv) {
  * options serve was given, so both read them with read_serve. */
 
 static const char *const SERVE_VALS[] = {
-    "model", "socket", "model-name", "threads", "isa", "ctx",
+    "model", "socket", "model-name", "threads", "isa", "backend",
+    "gpu-memory-fraction", "ctx",
     "max-batch-tokens", "max-seqs", "max-queue", "block-size", "kv-cache-mb",
     "drain-timeout", "read-timeout", "stage-unready-after",
     "stage-kill-after", "log-level", "lock-file", "pool-blocks",
@@ -711,6 +744,8 @@ static void read_serve(const Opts *o, ServeConfig *c, char *name, size_t cap)
     }
     c->threads = (int) opt_int(o, "threads", 0, 0, 1024);
     c->isa = isa_option(o);
+    c->backend = backend_option(o);
+    c->gpu_memory_fraction = gpu_fraction_option(o);
     c->mmap = opt_flag(o, "mmap");
     c->ctx = opt_int(o, "ctx", 0, 16, 1 << 20);
     c->max_seqs = (int) opt_int(o, "max-seqs", 64, 1, 4096);

@@ -1,7 +1,8 @@
 /* bench.h -- llama-bench's two measurements, on our engine.
  *
  *   pp: prefill of n_prompt random tokens in one batch at positions 0..n-1
- *   tg: n_gen single-token decode steps at positions 0..n_gen-1
+ *   tg: n_gen decode steps at positions 0..n_gen-1, of `batch` sequences
+ *       at once (one token each per step; tokens/s counts them all)
  * with a warm-up run of each first, as llama-bench does, so the figures are
  * comparable with its pp512 / tg128 on the same file and thread count. */
 
@@ -14,10 +15,13 @@
 #include "log.h"
 #include "model.h"
 
+#define BENCH_BLOCK 16             // tokens per KV block
+
 typedef struct {
     int64_t n_prompt;           // pp size (0: skip)
     int64_t n_gen;              // tg size (0: skip)
     int     reps;               // repetitions of each, after the warm-up
+    int64_t batch;              // sequences decoding together (0: 1)
 } BenchParams;
 
 typedef struct {

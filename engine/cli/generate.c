@@ -14,8 +14,6 @@
 
 #include "generate.h"
 
-#define GEN_BLOCK_SIZE 16
-
 int gen_init(Generator *g, const Model *m, const Tokenizer *tk, Backend *be,
              int64_t n_ctx, int64_t max_batch, Err *err)
 {
@@ -30,8 +28,8 @@ int gen_init(Generator *g, const Model *m, const Tokenizer *tk, Backend *be,
     g->max_batch = max_batch;
     n_blocks = (n_ctx + GEN_BLOCK_SIZE - 1) / GEN_BLOCK_SIZE;
     if (kv_init(&g->kv, c->n_layers, c->n_kv_heads, c->head_dim,
-                GEN_BLOCK_SIZE, n_blocks, err) != 0
-        || runstate_init(&g->rs, c, max_batch, 1, err) != 0)
+                GEN_BLOCK_SIZE, n_blocks, be, err) != 0
+        || runstate_init(&g->rs, c, max_batch, 1, be, err) != 0)
     {
         gen_free(g);
         return -1;
@@ -282,12 +280,14 @@ static DecodeEnd decode_loop(Generator *g, TopLog *tl, int64_t pos,
     DecodeEnd end;
 
     for (;;) {
+        float *logits = runstate_logits_row(&g->rs, 0, n_vocab);
+
         if (tl->k > 0) {
             /* the sampler adds bias and penalties in place: look first */
-            top_collect(g->rs.logits, n_vocab, tl->top, tl->k);
-            memcpy(tl->raw, g->rs.logits, (size_t) n_vocab * sizeof(float));
+            top_collect(logits, n_vocab, tl->top, tl->k);
+            memcpy(tl->raw, logits, (size_t) n_vocab * sizeof(float));
         }
-        tok = sampler_sample(&g->dec.smp, g->rs.logits);
+        tok = sampler_sample(&g->dec.smp, logits);
         if (tl->k > 0) {
             toplog_write(g->tk, tl, g->dec.n_gen, pos, tok, tl->raw[tok]);
         }

@@ -25,6 +25,8 @@
 #include "log.h"
 #include "model.h"
 #include "sampler.h"
+
+#define GEN_BLOCK_SIZE 16          // tokens per KV block
 #include "stop.h"
 #include "tokenizer.h"
 

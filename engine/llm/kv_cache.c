@@ -154,9 +154,9 @@ static void pool_reset(KVCache *kv) {
 }
 
 int kv_init(KVCache *kv, int n_layers, int n_kv_heads, int head_dim,
-            int block_size, int64_t n_blocks, Err *err)
+            int block_size, int64_t n_blocks, Backend *be, Err *err)
 {
-    size_t per_layer;
+    size_t per_layer, bytes;
 
     memset(kv, 0, sizeof(*kv));
     if (n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || block_size <= 0
@@ -174,8 +174,10 @@ int kv_init(KVCache *kv, int n_layers, int n_kv_heads, int head_dim,
     kv->n_buckets = 1;
     while (kv->n_buckets < n_blocks) kv->n_buckets *= 2;
 
+    bytes = per_layer * 2 * (size_t) n_layers * sizeof(uint16_t);
+    kv->be = be != NULL && be->alloc != NULL ? be : NULL;
     kv->layers = calloc((size_t) n_layers, sizeof(KVLayer));
-    kv->mem = malloc(per_layer * 2 * (size_t) n_layers * sizeof(uint16_t));
+    kv->mem = kv->be != NULL ? kv->be->alloc(kv->be, bytes) : malloc(bytes);
     kv->free_stack = malloc((size_t) n_blocks * sizeof(int32_t));
     kv->meta = malloc((size_t) n_blocks * sizeof(KVBlockMeta));
     kv->tokens = malloc((size_t) n_blocks * (size_t) block_size
@@ -185,8 +187,9 @@ int kv_init(KVCache *kv, int n_layers, int n_kv_heads, int head_dim,
         || kv->meta == NULL || kv->tokens == NULL || kv->buckets == NULL)
     {
         kv_free(kv);
-        return err_set(err, "out of memory allocating a KV cache of %.1f MiB",
-                       per_layer * 4.0 * n_layers / (1 << 20));
+        return err_set(err, "out of %s memory allocating a KV cache of %.1f "
+                       "MiB", be != NULL && be->alloc != NULL ? "device"
+                       : "host", (double) bytes / (1 << 20));
     }
     layers_init(kv, n_kv_heads, head_dim, per_layer);
     pool_reset(kv);
@@ -196,7 +199,11 @@ int kv_init(KVCache *kv, int n_layers, int n_kv_heads, int head_dim,
 /* Safe on a zeroed or half-initialised cache, and twice. */
 void kv_free(KVCache *kv) {
     free(kv->layers);
-    free(kv->mem);
+    if (kv->be != NULL) {
+        kv->be->release(kv->be, kv->mem);
+    } else {
+        free(kv->mem);
+    }
     free(kv->free_stack);
     free(kv->meta);
     free(kv->tokens);

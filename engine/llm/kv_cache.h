@@ -56,7 +56,9 @@ typedef struct {
     int       block_size;       // tokens per block
     int64_t   n_blocks;
     KVLayer  *layers;           // (n_layers,) views into mem, owned array
-    uint16_t *mem;              // all K and V storage, owned
+    uint16_t *mem;              // all K and V storage, owned: host memory,
+                                //   or be's (a device backend's)
+    Backend  *be;               // whose memory mem is; NULL: malloc's
     int32_t  *free_stack;       // (n_blocks,) free block ids, owned
     int64_t   n_free;
     KVBlockMeta *meta;          // (n_blocks,), owned
@@ -75,10 +77,12 @@ typedef struct {
                                 //   hash kv_find found is still there
 } KVCache;
 
-/* Allocates n_blocks blocks of block_size tokens for the given shape.
- * Returns -1 with err set when memory runs out. */
+/* Allocates n_blocks blocks of block_size tokens for the given shape,
+ * the K/V storage where be's ops read it (be->alloc; host memory when be
+ * is NULL or has none; the bookkeeping is always host memory). Returns -1
+ * with err set when memory runs out. */
 int      kv_init(KVCache *kv, int n_layers, int n_kv_heads, int head_dim,
-                 int block_size, int64_t n_blocks, Err *err);
+                 int block_size, int64_t n_blocks, Backend *be, Err *err);
 void     kv_free(KVCache *kv);
 
 /* Bytes one block takes (K and V, every layer); for sizing from a memory

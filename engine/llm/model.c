@@ -526,6 +526,97 @@ int model_load(Model *m, const char *path, GGUFLoad how, Err *err) {
     return 0;
 }
 
+typedef struct {
+    const float **v;
+    int64_t       n;
+} VecRef;
+
+/* Every 1-D tensor the ops read, to the device: a norm, bias or factor
+ * set the file lacks stays NULL. The RoPE factors in use are one of the
+ * others (or rope_freqs), so they find that copy. */
+static int upload_vectors(Model *m, Backend *be, char *msg, size_t cap) {
+    ModelConfig *c = &m->c;
+    int64_t      qd = (int64_t) c->n_heads * c->head_dim;
+    int64_t      kvd = (int64_t) c->n_kv_heads * c->head_dim;
+    int64_t      nf = c->rope.n_rot / 2, nfs = c->rope_swa.n_rot / 2;
+    VecRef       vs[9];
+    int          k = 0;
+
+    vs[k++] = (VecRef) { &m->output_norm, c->dim };
+    vs[k++] = (VecRef) { &m->rope_long, nf };
+    vs[k++] = (VecRef) { &m->rope_short, nf };
+    vs[k++] = (VecRef) { &c->rope.freq_factors, nf };
+    for (int i = 0; i < k; i++) {
+        if (*vs[i].v != NULL && be->upload_f32(be, vs[i].v, vs[i].n, msg, cap)
+                                != 0)
+        {
+            return -1;
+        }
+    }
+    if (c->rope_swa.freq_factors != NULL
+        && be->upload_f32(be, &c->rope_swa.freq_factors, nfs, msg, cap) != 0)
+    {
+        return -1;
+    }
+    for (int l = 0; l < c->n_layers; l++) {
+        LayerWeights *L = &m->layers[l];
+
+        k = 0;
+        vs[k++] = (VecRef) { &L->attn_norm, c->dim };
+        vs[k++] = (VecRef) { &L->ffn_norm, c->dim };
+        vs[k++] = (VecRef) { &L->bq, qd };
+        vs[k++] = (VecRef) { &L->bk, kvd };
+        vs[k++] = (VecRef) { &L->bv, kvd };
+        vs[k++] = (VecRef) { &L->q_norm, c->head_dim };
+        vs[k++] = (VecRef) { &L->k_norm, c->head_dim };
+        vs[k++] = (VecRef) { &L->attn_post_norm, c->dim };
+        vs[k++] = (VecRef) { &L->ffn_post_norm, c->dim };
+        for (int i = 0; i < k; i++) {
+            if (*vs[i].v != NULL
+                && be->upload_f32(be, vs[i].v, vs[i].n, msg, cap) != 0)
+            {
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* Every matrix, the embedding included (a tied output shares its copy). */
+static int upload_matrices(Model *m, Backend *be, char *msg, size_t cap) {
+    if (be->upload(be, &m->tok_embd, msg, cap) != 0
+        || be->upload(be, &m->output, msg, cap) != 0)
+    {
+        return -1;
+    }
+    for (int l = 0; l < m->c.n_layers; l++) {
+        LayerWeights *L = &m->layers[l];
+        Matrix       *ws[] = { &L->wq, &L->wk, &L->wv, &L->wo,
+                               &L->w_gate, &L->w_up, &L->w_down };
+
+        for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++) {
+            if (be->upload(be, ws[i], msg, cap) != 0) return -1;
+        }
+    }
+    return 0;
+}
+
+int model_place(Model *m, Backend *be, Err *err) {
+    char msg[ERR_MAX];
+
+    if (be->upload == NULL) {
+        model_repack(m, be);
+        return 0;
+    }
+    if (upload_matrices(m, be, msg, sizeof(msg)) != 0
+        || upload_vectors(m, be, msg, sizeof(msg)) != 0)
+    {
+        return err_set(err, "%s", msg);
+    }
+    gguf_seal(&m->gguf);
+    return 0;
+}
+
 /* Every matrix matmul reads; the token embedding only as the tied output
  * (embed follows its layout; an untied one stays as stored). */
 void model_repack(Model *m, Backend *be) {
@@ -569,23 +660,52 @@ void model_free(Model *m) {
 
 /* ---- Activations ------------------------------------------------------- */
 
-int runstate_init(RunState *s, const ModelConfig *c, int64_t max_tokens,
-                  int64_t max_out, Err *err)
+/* Floats of the buffers, all in one allocation. */
+static int64_t runstate_floats(const ModelConfig *c, int64_t max_tokens,
+                               int64_t max_out)
 {
     int64_t qd = (int64_t) c->n_heads * c->head_dim;
     int64_t kvd = (int64_t) c->n_kv_heads * c->head_dim;
-    int64_t wide = c->ffn_dim, total;
+    int64_t wide = c->ffn_dim;
+
+    wide = wide > c->dim ? wide : c->dim;
+    wide = wide > qd ? wide : qd;
+    return max_tokens * (c->dim + wide + qd + 2 * kvd + 2 * wide)
+           + max_out * ((int64_t) c->dim + c->n_vocab);
+}
+
+uint64_t runstate_bytes(const ModelConfig *c, int64_t max_tokens,
+                        int64_t max_out)
+{
+    return ((uint64_t) runstate_floats(c, max_tokens, max_out)
+            * sizeof(float) + 63) / 64 * 64;
+}
+
+int runstate_init(RunState *s, const ModelConfig *c, int64_t max_tokens,
+                  int64_t max_out, Backend *be, Err *err)
+{
+    int64_t qd = (int64_t) c->n_heads * c->head_dim;
+    int64_t kvd = (int64_t) c->n_kv_heads * c->head_dim;
+    int64_t wide = c->ffn_dim;
+    size_t  bytes = runstate_bytes(c, max_tokens, max_out);
     float  *p;
 
     wide = wide > c->dim ? wide : c->dim;
     wide = wide > qd ? wide : qd;
-    total = max_tokens * (c->dim + wide + qd + 2 * kvd + 2 * wide)
-            + max_out * ((int64_t) c->dim + c->n_vocab);
     memset(s, 0, sizeof(*s));
-    s->mem = aligned_alloc(64, ((size_t) total * sizeof(float) + 63) / 64 * 64);
-    if (s->mem == NULL) {
-        return err_set(err, "out of memory allocating activations for %"
-                       PRId64 " tokens", max_tokens);
+    s->be = be != NULL && be->alloc != NULL ? be : NULL;
+    s->mem = s->be != NULL ? s->be->alloc(s->be, bytes)
+                           : aligned_alloc(64, bytes);
+    if (s->be != NULL && s->mem != NULL) {
+        s->logits_host = malloc((size_t) max_out * (size_t) c->n_vocab
+                                * sizeof(float));
+    }
+    if (s->mem == NULL || (s->be != NULL && s->logits_host == NULL)) {
+        runstate_free(s);
+        return err_set(err, "out of %s memory allocating activations for %"
+                       PRId64 " tokens (%.1f MiB)", be != NULL
+                       && be->alloc != NULL ? "device" : "host", max_tokens,
+                       (double) bytes / 1048576.0);
     }
     s->max_tokens = max_tokens;
     s->max_out = max_out;
@@ -599,12 +719,27 @@ int runstate_init(RunState *s, const ModelConfig *c, int64_t max_tokens,
     s->hb2 = p;    p += max_tokens * wide;
     s->xo = p;     p += max_out * c->dim;
     s->logits = p;
+    if (s->be == NULL) s->logits_host = s->logits;
     return 0;
 }
 
 void runstate_free(RunState *s) {
-    free(s->mem);
+    if (s->be != NULL) {
+        s->be->release(s->be, s->mem);
+        free(s->logits_host);
+    } else {
+        free(s->mem);
+    }
     memset(s, 0, sizeof(*s));
+}
+
+float *runstate_logits_row(RunState *s, int64_t row, int64_t n_vocab) {
+    float *dst = s->logits_host + row * n_vocab;
+
+    if (s->be != NULL) {
+        s->be->to_host(s->be, dst, s->logits + row * n_vocab, n_vocab);
+    }
+    return dst;
 }
 
 
@@ -664,6 +799,7 @@ void model_forward(const Model *m, Backend *be, const KVCache *kv,
     const ModelConfig *c = &m->c;
     int64_t            n = b->n, dim = c->dim;
 
+    if (be->begin != NULL) be->begin(be, tokens, b, out_idx, n_out);
     be->embed(be, s->x, &m->tok_embd, tokens, n);
     if (c->embed_scale != 1.0f) be->scale(be, s->x, n * dim, c->embed_scale);
 
@@ -710,13 +846,11 @@ void model_forward(const Model *m, Backend *be, const KVCache *kv,
     }
 
     /* final norm and logits, only for the rows asked for */
-    for (int64_t i = 0; i < n_out; i++) {
-        memcpy(s->xo + i * dim, s->x + (int64_t) out_idx[i] * dim,
-               (size_t) dim * sizeof(float));
-    }
+    be->gather(be, s->xo, s->x, out_idx, n_out, dim);
     be->rmsnorm(be, s->xo, s->xo, m->output_norm, n_out, dim, c->norm_eps);
     be->matmul(be, s->logits, s->xo, n_out, &m->output);
     if (c->final_softcap > 0.0f) {
         be->softcap(be, s->logits, n_out * c->n_vocab, c->final_softcap);
     }
+    if (be->end != NULL) be->end(be);
 }

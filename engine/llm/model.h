@@ -120,6 +120,13 @@ typedef struct {
  * the problem (unsupported architecture or weight type, missing tensor,
  * shape mismatch). On failure nothing needs freeing. */
 int  model_load(Model *m, const char *path, GGUFLoad how, Err *err);
+/* Puts m's weights where be's ops read them: a device backend
+ * (be->upload) gets a copy of every matrix and vector, and m's pointers
+ * are then its device copies; a host backend may repack them
+ * (model_repack). Call once, after model_use_context, before the first
+ * forward; from then on only be runs m. Returns -1 with err set when a
+ * weight type is one be does not run or its memory runs out. */
+int  model_place(Model *m, Backend *be, Err *err);
 /* Lets be rearrange, in place, the weights its matmul reads (be->repack)
  * when they are a private copy (GGUF_COPY), then seals them read-only.
  * Call once, with the backend that will run m, before the first forward:
@@ -147,11 +154,25 @@ typedef struct {
     float  *xo;         // (max_out, dim) rows gathered for the output
     float  *logits;     // (max_out, n_vocab)
     float  *mem;        // the one allocation all of the above live in, owned
+    Backend *be;        // whose memory mem is (a device backend's), or
+                        //   NULL for host memory; borrowed
+    float  *logits_host;// (max_out, n_vocab) on the host: logits itself
+                        //   for host memory, else an owned buffer that
+                        //   runstate_logits_row fills
 } RunState;             // wide = max(dim, n_heads*head_dim, ffn_dim)
 
+/* Sizes for max_tokens per call, max_out logits rows, in be's memory
+ * (be->alloc; host memory when be is NULL or has none). */
 int  runstate_init(RunState *s, const ModelConfig *c, int64_t max_tokens,
-                   int64_t max_out, Err *err);
+                   int64_t max_out, Backend *be, Err *err);
 void runstate_free(RunState *s);
+/* Bytes runstate_init takes in the backend's memory (for a memory plan). */
+uint64_t runstate_bytes(const ModelConfig *c, int64_t max_tokens,
+                        int64_t max_out);
+/* Logits row `row` of the last forward, on the host: copied off the
+ * device for a device backend (a sampler needs it whole), else where
+ * forward wrote it. */
+float *runstate_logits_row(RunState *s, int64_t row, int64_t n_vocab);
 
 /* Runs tokens (b->n of them, b->n <= s->max_tokens) at the positions and
  * through the block tables in b. The K/V slots of every token must exist

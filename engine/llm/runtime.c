@@ -35,27 +35,24 @@ int runtime_load(Runtime *rt, const char *path, GGUFLoad how, Err *err) {
 }
 
 /* The widest row a matmul reads: the FFN's, the model's, or the heads'. */
-int runtime_backend(Runtime *rt, int n_threads, const char *isa,
-                    int64_t max_tokens, int64_t max_ctx, Err *err)
-{
+int runtime_backend(Runtime *rt, BackendConfig *bc, Err *err) {
     const ModelConfig *c = &rt->m.c;
-    BackendConfig      bc;
     char               msg[ERR_MAX];
     int64_t            wide = c->ffn_dim > c->dim ? c->ffn_dim : c->dim;
 
     if (wide < (int64_t) c->n_heads * c->head_dim) {
         wide = (int64_t) c->n_heads * c->head_dim;
     }
-    bc.n_threads = n_threads;
-    bc.isa = isa;
-    bc.max_tokens = max_tokens;
-    bc.max_cols = wide;
-    bc.max_ctx = max_ctx;
-    rt->be = backend_cpu_new(&bc, msg, sizeof(msg));
+    bc->max_cols = wide;
+    bc->n_heads = c->n_heads;
+    bc->head_dim = c->head_dim;
+    bc->n_vocab = c->n_vocab;
+    if (bc->max_out < 1) bc->max_out = 1;
+    if (bc->block_size < 1) bc->block_size = 16;
+    rt->be = backend_new(bc, msg, sizeof(msg));
     if (rt->be == NULL) return err_set(err, "%s", msg);
-    model_use_context(&rt->m, max_ctx);
-    model_repack(&rt->m, rt->be);
-    return 0;
+    model_use_context(&rt->m, bc->max_ctx);
+    return model_place(&rt->m, rt->be, err);
 }
 
 /* chat_render says how long the text is when it does not fit, so one

@@ -10,7 +10,7 @@
  *
  *     Runtime rt;
  *     runtime_load(&rt, path, GGUF_COPY, &err);        // or _weights
- *     runtime_backend(&rt, threads, isa, max_tokens, n_ctx, &err);
+ *     runtime_backend(&rt, &backend_config, &err);
  *     ... rt.m, rt.tk, rt.tmpl, rt.be ...
  *     runtime_free(&rt);
  *
@@ -55,13 +55,14 @@ int  runtime_load_weights(Runtime *rt, const char *path, GGUFLoad how,
  * tokenizer's errors prefixed with path. */
 int  runtime_load(Runtime *rt, const char *path, GGUFLoad how, Err *err);
 
-/* The CPU backend for rt->m (n_threads 0: one per core; isa NULL or
- * "auto": the best this CPU has), sized for max_tokens per call and
- * sequences of max_ctx tokens; then rt->m's weights are repacked for it.
- * Returns 0, or -1 with err set (an isa this CPU or build lacks, out of
- * memory). */
-int  runtime_backend(Runtime *rt, int n_threads, const char *isa,
-                     int64_t max_tokens, int64_t max_ctx, Err *err);
+/* The backend bc asks for (backend_new: "auto", "cpu" or "cuda"; its
+ * threads, isa, GPU memory fraction; max_tokens and max_ctx; max_out and
+ * block_size, 1 and 16 when unset), the model's sizes filled in here; then
+ * rt->m's weights are placed for it (model_place). bc->note says why
+ * "auto" did not choose CUDA, for the caller to log. Returns 0, or -1
+ * with err set (an isa this CPU or build lacks, no CUDA device for
+ * "cuda", a weight type the backend does not run, out of memory). */
+int  runtime_backend(Runtime *rt, BackendConfig *bc, Err *err);
 
 /* Renders n messages with rt->tmpl and chat_render's flags into *buf
  * (*cap bytes; both may be NULL/0), growing it with realloc when it is short: *buf stays the

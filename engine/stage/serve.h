@@ -29,6 +29,8 @@ typedef struct {
     const char *socket_path;
     int         threads;            // 0: one per core
     const char *isa;                // NULL: auto
+    const char *backend;            // "auto", "cpu" or "cuda"; NULL: auto
+    double      gpu_memory_fraction;// of the device's memory; 0: 0.9
     bool        mmap;               // map weights instead of copying
     int64_t     ctx;                // 0: the model's, at most 4096
     int64_t     max_batch_tokens;   // default 512

@@ -729,6 +729,17 @@ static void cpu_attention(Backend *be, float *out, const float *q,
 
 /* ---- creation -------------------------------------------------------------- */
 
+/* A few rows (one per sequence): the caller's thread does it. */
+static void cpu_gather(Backend *be, float *out, const float *x,
+                       const int32_t *idx, int64_t n_out, int64_t dim)
+{
+    (void) be;
+    for (int64_t i = 0; i < n_out; i++) {
+        memcpy(out + i * dim, x + (int64_t) idx[i] * dim,
+               (size_t) dim * sizeof(float));
+    }
+}
+
 static void cpu_free(Backend *be) {
     CpuCtx *c;
 
@@ -876,6 +887,7 @@ Backend *backend_cpu_new(const BackendConfig *cfg, char *err, size_t errlen) {
     be->geglu = cpu_geglu;
     be->softcap = cpu_softcap;
     be->scale = cpu_scale;
+    be->gather = cpu_gather;
     return be;
 
 oom:
