@@ -242,7 +242,8 @@ int main(int argc, char **argv) {
     int           nth = argc > 2 ? atoi(argv[2]) : 0;
     char         *types = strdup(argc > 3 ? argv[3] : "f16,q8_0,q4_0,bf16,f32");
     int           reps = argc > 4 ? atoi(argv[4]) : 7;
-    BackendConfig cfg = { nth, isa, 512, 5632, 1 };
+    BackendConfig cfg = { .n_threads = nth, .isa = isa,
+        .max_tokens = 512, .max_cols = 5632, .max_ctx = 1 };
     char          err[256], line[256] = "";
     Backend      *be;
     float        *x = aligned_alloc(64, 512 * 5632 * sizeof(float));

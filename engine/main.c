@@ -756,7 +756,7 @@ static void read_serve(const Opts *o, ServeConfig *c, char *name, size_t cap)
     }
     c->max_queue = (int) opt_int(o, "max-queue", 1024, 0, 1 << 20);
     c->block_size = (int) opt_int(o, "block-size", 16, 1, 1024);
-    c->kv_cache_mb = opt_float(o, "kv-cache-mb", 1024, 0.01, 1 << 20);
+    c->kv_cache_mb = opt_float(o, "kv-cache-mb", 0, 0.01, 1 << 20);
     c->prefix_cache = !opt_flag(o, "no-prefix-cache");
     c->drain_s = (int) opt_int(o, "drain-timeout", 30, 0, 86400);
     c->read_timeout_s = (int) opt_int(o, "read-timeout", 10, 1, 86400);

@@ -10,7 +10,6 @@
  * one sentence: an error for "cuda", the reason in cfg->note for "auto",
  * which then runs on the CPU. */
 
-#define _GNU_SOURCE
 #include <dlfcn.h>
 #include <limits.h>
 #include <stdio.h>
@@ -57,18 +56,18 @@ static Backend *cuda_new(const BackendConfig *cfg, char *err, size_t errlen)
         return NULL;
     }
     if (access(path, F_OK) != 0) {
-        snprintf(err, errlen, "%s not found: this build has no CUDA "
+        snprintf(err, errlen, "%.90s not found: this build has no CUDA "
                  "backend (nvcc was not found when it was built)", path);
         return NULL;
     }
     h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (h == NULL) {
-        snprintf(err, errlen, "cannot load the CUDA backend: %s", dlerror());
+        snprintf(err, errlen, "cannot load the CUDA backend: %.150s", dlerror());
         return NULL;
     }
     fn = (BackendNewFn) (uintptr_t) dlsym(h, BACKEND_CUDA_ENTRY);
     if (fn == NULL) {
-        snprintf(err, errlen, "%s has no %s: not an omni-engine CUDA "
+        snprintf(err, errlen, "%.90s has no %s: not an omni-engine CUDA "
                  "backend", path, BACKEND_CUDA_ENTRY);
         dlclose(h);
         return NULL;
@@ -80,7 +79,7 @@ static Backend *cuda_new(const BackendConfig *cfg, char *err, size_t errlen)
 
 Backend *backend_new(BackendConfig *cfg, char *err, size_t errlen) {
     const char *want = cfg->backend != NULL ? cfg->backend : "auto";
-    char        why[256];
+    char        why[200];
     Backend    *be;
 
     cfg->note[0] = '\0';
@@ -96,7 +95,7 @@ Backend *backend_new(BackendConfig *cfg, char *err, size_t errlen) {
         snprintf(err, errlen, "CUDA backend: %s", why);
         return NULL;
     }
-    snprintf(cfg->note, sizeof(cfg->note), "no CUDA backend (%s): running "
-             "on the CPU", why);
+    snprintf(cfg->note, sizeof(cfg->note), "no CUDA backend (%.200s): "
+             "running on the CPU", why);
     return backend_cpu_new(cfg, err, errlen);
 }

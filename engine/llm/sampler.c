@@ -428,6 +428,12 @@ static int32_t draw(Sampler *s, const float *logits, int32_t n, bool sorted) {
     return idx[last];           /* r landed in the rounding of the sum */
 }
 
+bool sampler_is_greedy(const Sampler *s) {
+    return s->p.temperature == 0.0f && s->p.n_bias == 0
+           && s->p.presence_penalty == 0.0f
+           && s->p.frequency_penalty == 0.0f;
+}
+
 int32_t sampler_sample(Sampler *s, float *logits) {
     int32_t n = s->n_vocab;
     bool    sorted = false;

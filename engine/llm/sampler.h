@@ -71,6 +71,11 @@ void    sampler_reset(Sampler *s);
  * -inf). */
 int32_t sampler_sample(Sampler *s, float *logits);
 
+/* Whether sampler_sample is a plain argmax for s: temperature 0, no logit
+ * bias, no penalties. Then a backend's device argmax picks the same token
+ * and the logits need not leave the device. */
+bool    sampler_is_greedy(const Sampler *s);
+
 /* Records a generated token for the penalties. Ids outside the vocabulary
  * are ignored. Can't fail. */
 void    sampler_accept(Sampler *s, int32_t token);

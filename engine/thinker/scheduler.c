@@ -110,6 +110,7 @@ struct Scheduler {
     const int32_t  **b_tables;      // (max_batch_tokens,)
     int32_t         *out_idx;       // (max_seqs,) batch rows with logits
     int32_t         *out_seq;       // (max_seqs,) their slots
+    int32_t         *ids;           // (max_seqs,) a device argmax's picks
 };
 
 /* Where a sequence's text goes: decode.h's emit callback's ud. */
@@ -257,17 +258,18 @@ Scheduler *sched_new(const Model *m, const Tokenizer *tk, Backend *be,
     s->b_tables = malloc((size_t) nb * sizeof(int32_t *));
     s->out_idx = malloc((size_t) cfg->max_seqs * sizeof(int32_t));
     s->out_seq = malloc((size_t) cfg->max_seqs * sizeof(int32_t));
+    s->ids = malloc((size_t) cfg->max_seqs * sizeof(int32_t));
     if (s->seqs == NULL || s->run == NULL || s->queue == NULL
         || s->b_tokens == NULL || s->b_pos == NULL || s->b_tables == NULL
-        || s->out_idx == NULL || s->out_seq == NULL)
+        || s->out_idx == NULL || s->out_seq == NULL || s->ids == NULL)
     {
         err_set(err, "out of memory");
         goto fail;
     }
     if (alloc_seqs(s, err) != 0
         || kv_init(&s->kv, c->n_layers, c->n_kv_heads, c->head_dim,
-                   cfg->block_size, cfg->n_blocks, err) != 0
-        || runstate_init(&s->rs, c, nb, cfg->max_seqs, err) != 0)
+                   cfg->block_size, cfg->n_blocks, be, err) != 0
+        || runstate_init(&s->rs, c, nb, cfg->max_seqs, be, err) != 0)
     {
         goto fail;
     }
@@ -300,6 +302,7 @@ void sched_free(Scheduler *s) {
     free(s->b_tables);
     free(s->out_idx);
     free(s->out_seq);
+    free(s->ids);
     free(s);
 }
 
@@ -646,10 +649,22 @@ static void seq_finish(Scheduler *s, Seq *q, OmniFinish finish) {
 /* Runs decode.h's step on q's logits row. A taken token joins q's tokens
  * (it runs in the next step unless the sequence ended); an end of
  * generation, a stop string or a limit finishes q. */
-static void seq_sample(Scheduler *s, Seq *q, float *logits) {
-    SeqOut    o = { s, q->id };
+/* Output row o's token: the device's argmax (ids, when the backend has
+ * one) for a greedy sequence, else sampled from the row on the host. */
+static void seq_sample(Scheduler *s, Seq *q, int64_t o, const int32_t *ids)
+{
+    SeqOut    so = { s, q->id };
     int32_t   tok;
-    DecodeEnd end = decode_token(&q->dec, logits, &tok, emit_text, &o);
+    DecodeEnd end;
+
+    if (ids != NULL && sampler_is_greedy(&q->dec.smp)) {
+        tok = ids[o];
+        end = decode_take(&q->dec, tok, emit_text, &so);
+    } else {
+        end = decode_token(&q->dec,
+                           runstate_logits_row(&s->rs, o, s->m->c.n_vocab),
+                           &tok, emit_text, &so);
+    }
 
     if (end != DECODE_EOS) {
         q->tokens[q->n_tokens++] = tok;
@@ -723,8 +738,12 @@ void sched_step(Scheduler *s) {
         q->chunk = 0;
         prefix_publish(s, q);
     }
+    if (n_out > 0 && s->be->argmax != NULL) {
+        s->be->argmax(s->be, s->ids, s->rs.logits, n_out, n_vocab);
+    }
     for (int64_t o = 0; o < n_out; o++) {
-        seq_sample(s, &s->seqs[s->out_seq[o]], s->rs.logits + o * n_vocab);
+        seq_sample(s, &s->seqs[s->out_seq[o]], o,
+                   s->be->argmax != NULL ? s->ids : NULL);
     }
     run_compact(s);
     publish_gauges(s);

@@ -567,17 +567,33 @@ static int load_model(Thinker *t, Err *err) {
     return 0;
 }
 
-/* Blocks in the pool: what cfg->kv_cache_mb holds (1024 MiB when 0), but
- * no more than max_seqs full contexts can use, and at least one full
- * context (else the longest request could never finish). */
+/* MiB of a device backend's budget the pool may take: what is left after
+ * the weights, less the scheduler's activations and the warm-up's own
+ * forward (one block, one token). */
+static double device_pool_mb(Thinker *t, uint64_t block_bytes) {
+    const ModelConfig *c = &t->rt.m.c;
+    Backend           *be = t->rt.be;
+    double             left = (double) be->budget_left(be);
+
+    left -= (double) runstate_bytes(c, t->cfg->max_batch_tokens,
+                                    t->cfg->max_seqs);
+    left -= (double) (runstate_bytes(c, 1, 1) + block_bytes);
+    return left > 0 ? left / 1048576.0 : 0.0;
+}
+
+/* Blocks in the pool: what cfg->kv_cache_mb holds (when 0: 1024 MiB on
+ * the CPU, on a device what its memory budget has left), but no more than
+ * max_seqs full contexts can use, and at least one full context (else the
+ * longest request could never finish). */
 static int pool_blocks(Thinker *t, int64_t *n_blocks, Err *err) {
     const ModelConfig *c = &t->rt.m.c;
     const ServeConfig *cfg = t->cfg;
     int                bs = cfg->block_size;
     uint64_t           bytes = kv_block_bytes(c->n_layers, c->n_kv_heads,
                                               c->head_dim, bs);
+    bool               dev = t->rt.be->budget_left != NULL;
     double             mb = cfg->kv_cache_mb > 0 ? cfg->kv_cache_mb
-                                                 : DEFAULT_KV_MB;
+                            : dev ? device_pool_mb(t, bytes) : DEFAULT_KV_MB;
     int64_t            per_ctx = (t->ctx + bs - 1) / bs;
     double             n = mb * 1048576.0 / (double) bytes;
 
@@ -586,6 +602,14 @@ static int pool_blocks(Thinker *t, int64_t *n_blocks, Err *err) {
     }
     if (n > INT32_MAX) n = INT32_MAX;
     *n_blocks = (int64_t) n;
+    if (*n_blocks < per_ctx && dev && cfg->kv_cache_mb == 0) {
+        return err_set(err, "the GPU memory left after the weights (%.0f "
+                       "MiB) holds %" PRId64 " KV blocks of %d tokens; one "
+                       "context of %" PRId64 " tokens needs %" PRId64 ": "
+                       "raise --gpu-memory-fraction or lower --ctx or "
+                       "--max-batch-tokens", mb, *n_blocks, bs, t->ctx,
+                       per_ctx);
+    }
     if (*n_blocks < per_ctx) {
         return err_set(err, "--kv-cache-mb %g holds %" PRId64 " blocks of %d "
                        "tokens; one context of %" PRId64 " tokens needs %"
@@ -632,6 +656,25 @@ static void reset_stats(Thinker *t) {
     atomic_store(&s->thinker.redis_up, 0);
 }
 
+/* The backend --backend asks for, sized for the scheduler's steps; a note
+ * from "auto" (why not CUDA) is logged once. */
+static int make_backend(Thinker *t, Err *err) {
+    const ServeConfig *cfg = t->cfg;
+    BackendConfig      bc = { 0 };
+
+    bc.backend = cfg->backend;
+    bc.n_threads = cfg->threads;
+    bc.isa = cfg->isa;
+    bc.max_tokens = cfg->max_batch_tokens;
+    bc.max_out = cfg->max_seqs;
+    bc.max_ctx = t->ctx;
+    bc.block_size = cfg->block_size;
+    bc.gpu_memory_fraction = cfg->gpu_memory_fraction;
+    if (runtime_backend(&t->rt, &bc, err) != 0) return -1;
+    if (bc.note[0] != '\0') log_msg(LOG_INFO, "thinker: %s", bc.note);
+    return 0;
+}
+
 /* One forward pass of one token through a one-block cache of its own:
  * starts the thread pool and touches the weights before READY. */
 static int warm_up(Thinker *t, Err *err) {
@@ -646,11 +689,11 @@ static int warm_up(Thinker *t, Err *err) {
     double             t0 = clock_now_s();
 
     if (kv_init(&kv, c->n_layers, c->n_kv_heads, c->head_dim,
-                t->cfg->block_size, 1, err) != 0)
+                t->cfg->block_size, 1, t->rt.be, err) != 0)
     {
         return -1;
     }
-    if (runstate_init(&rs, c, 1, 1, err) != 0) {
+    if (runstate_init(&rs, c, 1, 1, t->rt.be, err) != 0) {
         kv_free(&kv);
         return -1;
     }
@@ -700,11 +743,7 @@ static int thinker_start(Stage *s, const ServeConfig *cfg, Err *err) {
     tokenizer_text_bound(t->rt.tk, &t->bound.max_piece, &t->bound.ws_free);
     t->toks = malloc((size_t) (t->ctx + 1) * sizeof(int32_t));
     if (t->toks == NULL) return err_set(err, "out of memory");
-    if (runtime_backend(&t->rt, cfg->threads, cfg->isa,
-                        cfg->max_batch_tokens, t->ctx, err) != 0)
-    {
-        return -1;
-    }
+    if (make_backend(t, err) != 0) return -1;
     reset_stats(t);
     if (make_scheduler(t, err) != 0 || start_prefixes(t, err) != 0
         || warm_up(t, err) != 0 || workq_init(&t->wq, PREP_NICE, err) != 0)

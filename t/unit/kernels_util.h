@@ -105,7 +105,8 @@ static Isa isas[] = {
 };
 
 static inline Backend *be_new(const char *isa, int nth) {
-    BackendConfig cfg = { nth, isa, MAX_TOK, MAX_COLS, MAX_CTX };
+    BackendConfig cfg = { .n_threads = nth, .isa = isa,
+        .max_tokens = MAX_TOK, .max_cols = MAX_COLS, .max_ctx = MAX_CTX };
     char          err[256];
     Backend      *be = backend_cpu_new(&cfg, err, sizeof(err));
 
@@ -138,7 +139,8 @@ static inline int kernels_run(const char *group, const Case *cases,
     int                rc;
 
     for (int a = 0; a < 4; a++) {
-        BackendConfig cfg = { 1, all[a], 1, 64, 1 };
+        BackendConfig cfg = { .n_threads = 1, .isa = all[a],
+        .max_tokens = 1, .max_cols = 64, .max_ctx = 1 };
         char          err[128];
         Backend      *be = backend_cpu_new(&cfg, err, sizeof(err));
         Isa          *I = NULL;

@@ -143,7 +143,8 @@ static void test_backend_follows(void **state) {
 
     (void) state;
     for (size_t i = 0; i < sizeof(isas) / sizeof(isas[0]); i++) {
-        BackendConfig cfg = { 1, isas[i], 1, 64, 16 };
+        BackendConfig cfg = { .n_threads = 1, .isa = isas[i],
+        .max_tokens = 1, .max_cols = 64, .max_ctx = 16 };
         char          e1[128] = "", e2[128] = "";
         const char   *want = cpu_kernel_set(isas[i], f, e1, sizeof(e1));
         Backend      *be = backend_cpu_new(&cfg, e2, sizeof(e2));

@@ -20,7 +20,7 @@
 static void small_cache(KVCache *kv, int64_t n_blocks) {
     Err err;
 
-    assert_int_equal(kv_init(kv, 1, 1, 2, BS, n_blocks, &err), 0);
+    assert_int_equal(kv_init(kv, 1, 1, 2, BS, n_blocks, NULL, &err), 0);
 }
 
 /* Walks every structure and checks the invariants of kv_cache.c. */
@@ -67,7 +67,7 @@ static void test_alloc_release(void **state) {
     uint8_t seen[64] = { 0 };
 
     (void) state;
-    assert_int_equal(kv_init(&kv, 3, 2, 8, 16, 64, &err), 0);
+    assert_int_equal(kv_init(&kv, 3, 2, 8, 16, 64, NULL, &err), 0);
     for (int i = 0; i < 64; i++) {
         got[i] = kv_alloc_block(&kv);
         assert_true(got[i] >= 0 && got[i] < 64);
@@ -93,7 +93,7 @@ static void test_layer_views(void **state) {
     size_t  per = (size_t) 5 * 2 * 16 * 8;      /* blocks*heads*bs*hd */
 
     (void) state;
-    assert_int_equal(kv_init(&kv, 4, 2, 8, 16, 5, &err), 0);
+    assert_int_equal(kv_init(&kv, 4, 2, 8, 16, 5, NULL, &err), 0);
     memset(kv.mem, 0, per * 2 * 4 * sizeof(uint16_t));
     for (int l = 0; l < 4; l++) {
         for (size_t i = 0; i < per; i++) {
@@ -112,9 +112,9 @@ static void test_init_invalid(void **state) {
     Err     err;
 
     (void) state;
-    assert_int_equal(kv_init(&kv, 1, 1, 2, BS, 0, &err), -1);
+    assert_int_equal(kv_init(&kv, 1, 1, 2, BS, 0, NULL, &err), -1);
     assert_non_null(strstr(err.msg, "invalid KV cache shape"));
-    assert_int_equal(kv_init(&kv, 1, 1, 2, 0, 8, &err), -1);
+    assert_int_equal(kv_init(&kv, 1, 1, 2, 0, 8, NULL, &err), -1);
     kv_free(&kv);                               /* harmless after a failure */
 }
 

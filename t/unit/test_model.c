@@ -277,17 +277,18 @@ typedef struct {
 } Engine;
 
 static void engine_init(Engine *e, const Model *m, const char *isa, int nth) {
-    BackendConfig cfg = { nth, isa, N_TOK,
-                          m->c.ffn_dim > m->c.dim ? m->c.ffn_dim : m->c.dim,
-                          CTX };
+    BackendConfig cfg = {
+        .n_threads = nth, .isa = isa, .max_tokens = N_TOK,
+        .max_cols = m->c.ffn_dim > m->c.dim ? m->c.ffn_dim : m->c.dim,
+        .max_ctx = CTX };
     char          err[ERR_MAX];
     Err           e2;
 
     e->be = backend_cpu_new(&cfg, err, sizeof(err));
     if (e->be == NULL) fail_msg("backend %s: %s", isa, err);
     assert_int_equal(kv_init(&e->kv, m->c.n_layers, m->c.n_kv_heads,
-                             m->c.head_dim, BLOCK, CTX / BLOCK, &e2), 0);
-    assert_int_equal(runstate_init(&e->rs, &m->c, N_TOK, N_TOK, &e2), 0);
+                             m->c.head_dim, BLOCK, CTX / BLOCK, NULL, &e2), 0);
+    assert_int_equal(runstate_init(&e->rs, &m->c, N_TOK, N_TOK, NULL, &e2), 0);
     /* a scattered block table: logical i -> physical (5 i + 3) mod n */
     for (int i = 0; i < CTX / BLOCK; i++) {
         e->table[i] = (5 * i + 3) % (CTX / BLOCK);
@@ -455,7 +456,8 @@ static void check_invariance_of(const char *arch, DType type) {
     base = malloc(n * sizeof(float));
     other = malloc(n * sizeof(float));
     for (size_t s = 0; s < sizeof(isas) / sizeof(isas[0]); s++) {
-        BackendConfig cfg = { 1, isas[s], 1, 128, CTX };
+        BackendConfig cfg = { .n_threads = 1, .isa = isas[s],
+        .max_tokens = 1, .max_cols = 128, .max_ctx = CTX };
         char          e[ERR_MAX];
         Backend      *probe = backend_cpu_new(&cfg, e, sizeof(e));
 
@@ -511,7 +513,8 @@ static void check_repacked(DType type, int tied) {
     size_t   n;
     float   *want, *base, *other;
     char     e[ERR_MAX];
-    BackendConfig cfg = { 1, "auto", 1, 1120, CTX };
+    BackendConfig cfg = { .n_threads = 1, .isa = "auto",
+        .max_tokens = 1, .max_cols = 1120, .max_ctx = CTX };
     Backend *be;
     double   num = 0, den = 0;
 

@@ -47,7 +47,7 @@ static Fix *fix_new(int64_t cap) {
     Err  err;
 
     assert_non_null(f);
-    if (kv_init(&f->kv, 1, 1, 2, BS, N_BLOCKS, &err) != 0) {
+    if (kv_init(&f->kv, 1, 1, 2, BS, N_BLOCKS, NULL, &err) != 0) {
         fail_msg("%s", err.msg);
     }
     f->x = pidx_new(cap, record, f, &err);
