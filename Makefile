@@ -142,10 +142,6 @@ ASAN_FLAGS  := -fsanitize=address,undefined -fno-sanitize-recover=all \
 NGX_SRC   := /usr/share/nginx/src
 NGX_BUILD := $(BUILD)/nginx
 
-all: $(BUILD)/omni-engine $(CUDA_PLUGIN) \
-     $(if $(CROSS),,$(if $(wildcard $(NGX_SRC)/configure), \
-         $(BUILD)/ngx_omni_module.so))
-
 # The CUDA backend: a plugin beside the engine (kernels/backend.c loads it
 # at run time, so omni-engine itself links nothing of CUDA and runs on any
 # machine), built whenever nvcc is found: sm_80 (A100) and sm_90
@@ -161,17 +157,22 @@ CUDA_GENCODE = $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)
                -gencode arch=compute_$(lastword $(CUDA_ARCHS)),code=compute_$(lastword $(CUDA_ARCHS))
 CUDA_SRCS   := $(wildcard kernels/cuda/*.cu)
 CUDA_OBJS   := $(CUDA_SRCS:%.cu=$(BUILD)/cuda/%.o) \
-               $(BUILD)/cuda/kernels/cuda/plan.o
+               $(BUILD)/cuda/kernels/cuda/plan.o $(BUILD)/cuda/kernels/dtype.o
 CUDA_PLUGIN := $(if $(CROSS),,$(if $(NVCC),$(BUILD)/omni-cuda.so))
+
+all: $(BUILD)/omni-engine $(CUDA_PLUGIN) \
+     $(if $(CROSS),,$(if $(wildcard $(NGX_SRC)/configure), \
+         $(BUILD)/ngx_omni_module.so))
 
 $(BUILD)/cuda/%.o: %.cu $(wildcard kernels/*.h kernels/cuda/*.h)
 	@mkdir -p $(@D)
-	$(NVCC) -std=c++17 -O3 -Xcompiler -fPIC,-Wall,-Wextra $(CUDA_GENCODE) \
+	$(NVCC) -std=c++17 -O3 -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra \
+	    $(CUDA_GENCODE) \
 	    $(KERNEL_INCS) -c $< -o $@
 
 $(BUILD)/cuda/%.o: %.c $(wildcard kernels/*.h kernels/cuda/*.h)
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -fPIC $(KERNEL_INCS) -c $< -o $@
+	$(CC) $(CFLAGS) -fPIC -fvisibility=hidden $(KERNEL_INCS) -c $< -o $@
 
 $(BUILD)/omni-cuda.so: $(CUDA_OBJS)
 	$(NVCC) -shared $(CUDA_GENCODE) -o $@ $^ -lcublasLt \

@@ -56,8 +56,10 @@ static Backend *cuda_new(const BackendConfig *cfg, char *err, size_t errlen)
         return NULL;
     }
     if (access(path, F_OK) != 0) {
-        snprintf(err, errlen, "%.90s not found: this build has no CUDA "
-                 "backend (nvcc was not found when it was built)", path);
+        snprintf(err, errlen, getenv("OMNI_CUDA_LIB") != NULL
+                 ? "%.90s (OMNI_CUDA_LIB) not found"
+                 : "%.90s not found: this build has no CUDA backend (nvcc "
+                   "was not found when it was built)", path);
         return NULL;
     }
     h = dlopen(path, RTLD_NOW | RTLD_LOCAL);

@@ -210,10 +210,12 @@ struct Backend {
      * its last, with the host arrays the ops will also be given: a device
      * backend copies the batch's tokens, positions, block tables and output
      * rows over in one transfer, and may record the ops in between as a
-     * graph (a decode step) or replay one recorded for the same shape. The
+     * graph (a decode step) or replay one recorded for the same shape and
+     * the same bufs: an identity of the buffers the ops will be given (the
+     * activations and KV cache), since a graph holds their addresses. The
      * arrays stay valid and unchanged until end. */
     void (*begin)(Backend *be, const int32_t *tokens, const TokenBatch *b,
-                  const int32_t *out_idx, int64_t n_out);
+                  const int32_t *out_idx, int64_t n_out, uint64_t bufs);
     void (*end)(Backend *be);
 
     /* out (n_out, dim) = rows idx[i] of x (n, dim): the tokens that get

@@ -799,7 +799,10 @@ void model_forward(const Model *m, Backend *be, const KVCache *kv,
     const ModelConfig *c = &m->c;
     int64_t            n = b->n, dim = c->dim;
 
-    if (be->begin != NULL) be->begin(be, tokens, b, out_idx, n_out);
+    if (be->begin != NULL) {
+        be->begin(be, tokens, b, out_idx, n_out,
+                  (uint64_t) (uintptr_t) s * 31 + (uint64_t) (uintptr_t) kv);
+    }
     be->embed(be, s->x, &m->tok_embd, tokens, n);
     if (c->embed_scale != 1.0f) be->scale(be, s->x, n * dim, c->embed_scale);
 

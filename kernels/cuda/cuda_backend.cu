@@ -20,6 +20,7 @@
  * reason on stderr: the thinker is a stage, which the frontend restarts
  * with a fresh context while nginx keeps serving. */
 
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -244,7 +245,7 @@ static size_t stage_batch(CudaCtx *c, const int32_t *tokens,
 
 static void cuda_begin(Backend *be, const int32_t *tokens,
                        const TokenBatch *b, const int32_t *out_idx,
-                       int64_t n_out)
+                       int64_t n_out, uint64_t bufs)
 {
     CudaCtx *c = ctx_of(be);
     size_t   ints;
@@ -260,7 +261,7 @@ static void cuda_begin(Backend *be, const int32_t *tokens,
     c->batch.n = b->n;
     c->batch.n_out = n_out;
 
-    c->action = graph_plan(&c->gc, b->n, n_out, &c->slot, &evicted);
+    c->action = graph_plan(&c->gc, b->n, n_out, bufs, &c->slot, &evicted);
     if (evicted) {
         cudaGraphExecDestroy(c->graphs[c->slot]);
         c->graphs[c->slot] = NULL;
@@ -491,9 +492,19 @@ static int pick_device(CudaCtx *c, char *err, size_t errlen) {
     }
     if (e == cudaErrorInsufficientDriver || e == cudaErrorInitializationError)
     {
-        snprintf(err, errlen, "no usable NVIDIA driver: CUDA 13 needs driver "
-                 "580 or newer (cudaGetDeviceCount: %s)",
-                 cudaGetErrorString(e));
+        /* cudart says "insufficient" when there is no driver at all */
+        void *drv = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+
+        if (drv == NULL) {
+            snprintf(err, errlen, "no NVIDIA driver (libcuda.so.1 not "
+                     "found): no GPU on this machine, or its driver is not "
+                     "installed");
+        } else {
+            dlclose(drv);
+            snprintf(err, errlen, "the NVIDIA driver is older than CUDA 13 "
+                     "needs (580 or newer): cudaGetDeviceCount: %s",
+                     cudaGetErrorString(e));
+        }
         return -1;
     }
     if (e != cudaSuccess) {

@@ -91,8 +91,8 @@ static int graph_victim(const GraphCache *g) {
     return v;
 }
 
-GraphAction graph_plan(GraphCache *g, int64_t n, int64_t n_out, int *slot,
-                       bool *evicted)
+GraphAction graph_plan(GraphCache *g, int64_t n, int64_t n_out,
+                       uint64_t bufs, int *slot, bool *evicted)
 {
     int v;
 
@@ -101,7 +101,7 @@ GraphAction graph_plan(GraphCache *g, int64_t n, int64_t n_out, int *slot,
     if (n < 1 || n != n_out || n > g->max_batch) return GRAPH_RUN;
     g->tick++;
     for (int i = 0; i < CUDA_GRAPH_SLOTS; i++) {
-        if (g->slots[i].n == n) {
+        if (g->slots[i].n == n && g->slots[i].bufs == bufs) {
             g->slots[i].last = g->tick;
             g->replays++;
             *slot = i;
@@ -117,6 +117,7 @@ GraphAction graph_plan(GraphCache *g, int64_t n, int64_t n_out, int *slot,
         g->evictions++;
     }
     g->slots[v].n = n;
+    g->slots[v].bufs = bufs;
     g->slots[v].last = g->tick;
     g->captures++;
     *slot = v;

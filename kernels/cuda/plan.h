@@ -14,6 +14,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* ---- Memory ---------------------------------------------------------- */
 
 #define CUDA_FRACTION_DEFAULT   0.9
@@ -70,6 +74,7 @@ typedef enum {
 
 typedef struct {
     int64_t  n;         // batch size recorded, 0 = empty
+    uint64_t bufs;      // the buffers' identity it was recorded with
     uint64_t last;      // tick of last use
 } GraphSlot;
 
@@ -85,14 +90,19 @@ typedef struct {
 
 void graph_cache_init(GraphCache *g, int max_batch);
 
-/* What to do with a step of n tokens of which n_out get logits. For
+/* What to do with a step of n tokens of which n_out get logits, on the
+ * buffers bufs identifies (a graph recorded on others is not theirs). For
  * GRAPH_CAPTURE *slot is where to record (the caller destroys the graph
  * already there when *evicted); for GRAPH_REPLAY the slot to launch. */
-GraphAction graph_plan(GraphCache *g, int64_t n, int64_t n_out, int *slot,
-                       bool *evicted);
+GraphAction graph_plan(GraphCache *g, int64_t n, int64_t n_out,
+                       uint64_t bufs, int *slot, bool *evicted);
 
 /* Forgets slot's recording (its capture failed): the size runs plainly
  * and is tried again after two more sightings. */
 void graph_drop(GraphCache *g, int slot);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

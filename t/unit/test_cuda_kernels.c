@@ -251,7 +251,7 @@ static void batch_of(Batch *B, const int32_t *pos, const int32_t **bt,
 static void b_begin(int s, Batch *B) {
     B->tb = (TokenBatch) { B->n, B->pos, B->bt };
     if (bes[s]->begin != NULL) {
-        bes[s]->begin(bes[s], B->tok, &B->tb, B->out, B->n_out);
+        bes[s]->begin(bes[s], B->tok, &B->tb, B->out, B->n_out, 1);
     }
 }
 
