@@ -328,6 +328,16 @@ endif
 
 unit: $(UNIT_BINS) $(if $(CROSS),,$(ASAN_BINS) $(TSAN_BINS))
 
+# Stand-ins for the CUDA plugin that test_cuda_plan loads through
+# backend_new (t/unit/fake_cuda_plugin.c).
+unit: $(BUILD)/t/fake-cuda.so $(BUILD)/t/fake-noentry.so
+$(BUILD)/t/fake-cuda.so: t/unit/fake_cuda_plugin.c kernels/kernels.h
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -fPIC -shared $(KERNEL_INCS) -o $@ $<
+$(BUILD)/t/fake-noentry.so: t/unit/fake_cuda_plugin.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -fPIC -shared -DFAKE_NO_ENTRY $(KERNEL_INCS) -o $@ $<
+
 $(BUILD)/bench/bench_kernels: bench/bench_kernels.c $(BUILD)/libomni.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(KERNEL_INCS) -MMD -MP -o $@ $< $(BUILD)/libomni.a \

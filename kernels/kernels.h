@@ -250,8 +250,9 @@ typedef struct {
     int64_t     max_out;    // most logits rows in one call
     int64_t     max_cols;   // longest matrix row (input features)
     int64_t     max_ctx;    // longest sequence attention reads
-    int         block_size; // tokens per KV block (a device copies block
-                            //   tables of max_ctx / block_size entries)
+    int         block_size; // tokens per KV block, the smallest of the
+                            //   caches it will serve (a device copies
+                            //   block tables of max_ctx / block_size)
     int         n_heads;    // query heads and head width attention runs
     int         head_dim;   //   with (a device sizes its workspace)
     int64_t     n_vocab;    // logits row length

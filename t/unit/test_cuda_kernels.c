@@ -53,6 +53,7 @@
 #include <cmocka.h>
 
 #include "kernels.h"
+#include "testutil.h"
 
 #define MAX_B       256         // max_tokens: the largest batch here
 #define MAX_OUT     64
@@ -278,7 +279,7 @@ static BackendConfig config(const char *backend) {
     return (BackendConfig) {
         .backend = backend, .n_threads = 4, .isa = "auto",
         .max_tokens = MAX_B, .max_out = MAX_OUT, .max_cols = MAX_COLS,
-        .max_ctx = MAX_CTX, .n_heads = 8, .head_dim = 128,
+        .max_ctx = MAX_CTX, .block_size = 16, .n_heads = 8, .head_dim = 128,
         .n_vocab = N_VOCAB, .gpu_memory_fraction = 0.5,
     };
 }
@@ -937,7 +938,10 @@ int main(void) {
     };
     BackendConfig cfg = config("cuda");
     char          err[512] = "";
-    Backend      *be = backend_new(&cfg, err, sizeof(err));
+    Backend      *be;
+
+    use_built_cuda_plugin();
+    be = backend_new(&cfg, err, sizeof(err));
 
     if (be == NULL) {
         for (char *c = err; *c != '\0'; c++) *c = *c == '\n' ? ' ' : *c;

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "gguf.h"
 #include "tokenizer.h"
@@ -74,6 +75,30 @@ static inline int open_tokenizer(const char *path, GGUF *g, Tokenizer **tk) {
         return -1;
     }
     return 0;
+}
+
+/* Points OMNI_CUDA_LIB (unless set) at the CUDA plugin make built: the
+ * test binary is build/t/X or build/asan/t/X, the plugin build/omni-cuda.so,
+ * where backend_new would not look (beside the binary). */
+static inline void use_built_cuda_plugin(void) {
+    char exe[4096], path[4200];
+    ssize_t n;
+
+    if (getenv("OMNI_CUDA_LIB") != NULL) return;
+    n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n <= 0) return;
+    exe[n] = '\0';
+    for (int up = 1; up <= 2; up++) {
+        char *slash = strrchr(exe, '/');
+
+        if (slash == NULL) return;
+        *slash = '\0';
+        snprintf(path, sizeof(path), "%s/../omni-cuda.so", exe);
+        if (access(path, F_OK) == 0) {
+            setenv("OMNI_CUDA_LIB", path, 1);
+            return;
+        }
+    }
 }
 
 #endif
