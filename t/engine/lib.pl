@@ -7,6 +7,11 @@ use POSIX ();
 
 our $ENGINE = $ENV{OMNI_ENGINE} // 'build/omni-engine';
 our $MODEL  = $ENV{OMNI_MODEL}  // '../shared/models/stories260K.gguf';
+# The backend the suites run: the CPU unless the run names one
+# (t/engine/cuda.t reruns suites with OMNI_BACKEND=cuda). 'auto' would add
+# its fallback line to every stderr on a machine without a GPU, and the
+# suites check stderr line by line; cuda.t tests 'auto' itself.
+$ENV{OMNI_BACKEND} //= 'cpu';
 # A command run_engine puts before the binary, split at spaces: an emulator
 # for an engine built for another architecture (t/engine/aarch64.t sets
 # "qemu-aarch64 -L /usr/aarch64-linux-gnu").
