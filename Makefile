@@ -8,6 +8,9 @@
 #   make deps       install the Debian packages the build needs
 #   make ARCH=aarch64 all unit    cross-build the engine and its unit tests
 #                   into build/aarch64 (make cross-deps installs the tools)
+#   make BUILD=build/gpu SPEECH=0 all    the engine without speech out (no
+#                   Flite, codecs, pocketsphinx), for machines without those
+#                   libraries (bench/gpu.sh bundle)
 #
 # Everything builds into build/. The sanitizer build of the unit tests lives
 # in build/asan/.
@@ -74,8 +77,15 @@ endif
 # encoders' libraries; the aarch64 cross build leaves it out (it tests the
 # kernels and the model under qemu, and Debian's arm64 builds of those
 # libraries are not in its sysroot), and the engine says so if asked for
-# speech (OMNI_HAVE_SPEECH).
-ifeq ($(CROSS),)
+# speech (OMNI_HAVE_SPEECH). SPEECH=0 leaves it out of a native build too
+# (with its tests, its benches and the nginx module, which a speech-less
+# build is not for): the engine for a machine without those libraries, in
+# a BUILD of its own (bench/gpu.sh bundle: BUILD=build/gpu).
+SPEECH      ?= 1
+ifneq ($(CROSS),)
+override SPEECH := 0
+endif
+ifeq ($(SPEECH),1)
 SPEECH_AUDIO  := audio tts
 SPEECH_STAGES := talker voicebox listener
 CFLAGS        += -DOMNI_HAVE_SPEECH -isystem /usr/include/opus \
@@ -161,7 +171,7 @@ CUDA_OBJS   := $(CUDA_SRCS:%.cu=$(BUILD)/cuda/%.o) \
 CUDA_PLUGIN := $(if $(CROSS),,$(if $(NVCC),$(BUILD)/omni-cuda.so))
 
 all: $(BUILD)/omni-engine $(CUDA_PLUGIN) \
-     $(if $(CROSS),,$(if $(wildcard $(NGX_SRC)/configure), \
+     $(if $(filter 0,$(SPEECH)),,$(if $(wildcard $(NGX_SRC)/configure), \
          $(BUILD)/ngx_omni_module.so))
 
 $(BUILD)/cuda/%.o: %.cu $(wildcard kernels/*.h kernels/cuda/*.h)
@@ -273,9 +283,9 @@ $(BUILD)/tsan/t/test_threadpool: t/unit/test_threadpool.c \
 # The audio encoders' test and build/tools/audio_probe (which the t/*.t
 # suites run on what nginx returns) decode with libraries that share no code
 # with the encoders: t/tools/audio_decode.c. test_audio links it through its
-# own LDLIBS; neither exists in cross builds (no speech there).
+# own LDLIBS; neither exists without speech (SPEECH=0, cross builds).
 DECODE_LIBS := -lsndfile -lmpg123 -lopusfile -lfaad -lm
-ifeq ($(CROSS),)
+ifeq ($(SPEECH),1)
 $(BUILD)/tools/audio_probe: t/tools/audio_probe.c t/tools/audio_decode.c \
                             t/tools/audio_decode.h
 	@mkdir -p $(@D)
@@ -324,6 +334,7 @@ else
 SPEECH_TESTS := test_audio test_audio_in test_tts test_tts_synth test_talker \
                 test_listener test_voicebox test_voicebox_stage
 UNIT_BINS := $(filter-out $(SPEECH_TESTS:%=$(BUILD)/t/%),$(UNIT_BINS))
+ASAN_BINS := $(filter-out $(SPEECH_TESTS:%=$(BUILD)/asan/t/%),$(ASAN_BINS))
 endif
 
 unit: $(UNIT_BINS) $(if $(CROSS),,$(ASAN_BINS) $(TSAN_BINS))

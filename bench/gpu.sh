@@ -36,15 +36,81 @@
 #   GPU_BENCH_MAKE_S  most seconds the writing may take (default 150)
 #   GPU_BENCH_LOAD    load flag for bench and serve (default --mmap: the
 #                     weights go to the GPU, a host copy first only costs)
+#   OMNI_ENGINE       the engine (default build/omni-engine); loadgen is
+#                     its folder's bench/loadgen, omni-cuda.so its folder's
+#                     (the engine looks there), and that folder's lib/ and
+#                     vocab/ are used when present (a bundle's, below)
+#
+# `bench/gpu.sh bundle` builds all of it for a machine that has CUDA but
+# none of Debian's libraries (the borrowed GPU machine: no speech
+# libraries, no -dev packages, no network): a speech-less engine
+# (make BUILD=build/gpu SPEECH=0), its CUDA plugin, loadgen and the CUDA
+# unit tests, copied without debug info into build/gpu-bundle/ with the
+# shared libraries they need beyond glibc, libstdc++ and CUDA's (lib/),
+# the vocabularies (vocab/) and the default model (models/); it checks
+# that lib/ is all they miss, then prints the size, what to carry and the
+# commands to run there.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 ENGINE=${OMNI_ENGINE:-build/omni-engine}
-LOADGEN=build/bench/loadgen
+BIN=$(dirname "$ENGINE")
+LOADGEN=$BIN/bench/loadgen
+[ -d "$BIN/lib" ] &&
+    export LD_LIBRARY_PATH=$BIN/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
 if [ "${1:-}" = prepare ]; then
     src=${OMNI_LLAMA_SRC:-$(t/fetch-llama-src | tail -1)}
     mkdir -p build/bench/vocab &&
         cp "$src"/models/ggml-vocab-llama-{bpe,spm}.gguf build/bench/vocab/
+    exit
+fi
+
+if [ "${1:-}" = bundle ]; then
+    set -eo pipefail
+    B=build/gpu OUTB=build/gpu-bundle
+    MODEL=${OMNI_MODEL:-../shared/models/stories260K.gguf}
+    VOC=(build/bench/vocab/ggml-vocab-llama-{bpe,spm}.gguf)
+    for v in "${VOC[@]}"; do [ -f "$v" ] || { "$0" prepare; break; }; done
+    [ -n "$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)" ] ||
+        { echo "gpu.sh bundle: no nvcc, so no omni-cuda.so" >&2; exit 1; }
+    TESTS=(t/test_cuda_kernels t/test_cuda_plan t/test_model)
+    FILES=(omni-engine omni-cuda.so bench/loadgen "${TESTS[@]}"
+           t/fake-cuda.so t/fake-noentry.so)
+    make -j"$(nproc)" BUILD=$B SPEECH=0 "${FILES[@]/#/$B/}"
+    rm -rf "$OUTB"
+    mkdir -p "$OUTB"/{bench,t,lib,vocab,models}
+    for f in "${FILES[@]}"; do strip --strip-debug -o "$OUTB/$f" "$B/$f"; done
+    # what they link beyond glibc, libgcc_s, libstdc++ and CUDA's own
+    sys='^(linux-vdso|libc|libm|libmvec|libpthread|libdl|librt|libresolv|'
+    sys+='ld-linux[^.]*|libgcc_s|libstdc\+\+|libcublas[^.]*|libcudart|libcuda)\.so'
+    for f in "${FILES[@]/#/$OUTB/}"; do
+        ldd "$f" | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }'
+    done | sort -u | while read -r name path; do
+        grep -Eq "$sys" <<<"$name" || cp -L "$path" "$OUTB/lib/$name"
+    done
+    cp "${VOC[@]}" "$OUTB/vocab/"
+    cp "$MODEL" "$OUTB/models/"
+    # with lib/ and nothing of this machine's: only CUDA's may be missing
+    miss=$(for f in "${FILES[@]/#/$OUTB/}"; do
+               env -i PATH=/usr/bin:/bin LD_LIBRARY_PATH="$OUTB/lib" ldd "$f"
+           done | grep 'not found' | grep -Ev "$(sed 's/^\^(/(/' <<<"$sys")" |
+           sort -u || true)
+    [ -z "$miss" ] || { echo "gpu.sh bundle: not found with $OUTB/lib:" >&2
+                        echo "$miss" >&2; exit 1; }
+    size=$(du -sb "$OUTB" | cut -f1)
+    tree=$(git ls-files -co --exclude-standard -z |
+           du --files0-from=- -cb 2>/dev/null | tail -1 | cut -f1)
+    (cd "$OUTB" && du -sh -- * && du -sh -- lib/*) | sed 's/^/  /'
+    awk -v b="$size" -v t="$tree" -v d="$OUTB" 'BEGIN { printf "bundle: %s, %.1f MiB; with the working tree %.1f MiB (limit 64)\n", d, b / 1048576, (b + t) / 1048576 }'
+    [ $((size + tree)) -lt $((60 << 20)) ] ||
+        { echo "gpu.sh bundle: too big to travel" >&2; exit 1; }
+    m=$OUTB/models/$(basename "$MODEL")
+    echo "carry: [\"$OUTB\"]"
+    echo "bench: OMNI_ENGINE=$OUTB/omni-engine bench/gpu.sh"
+    echo "tests: export LD_LIBRARY_PATH=$OUTB/lib" \
+         "OMNI_ENGINE=$OUTB/omni-engine OMNI_MODEL=$m;" \
+         "[ -e build/t ] || ln -s ${OUTB#build/}/t build/t;" \
+         "prove t/engine/cuda.t $OUTB/t/test_model"
     exit
 fi
 
@@ -81,7 +147,8 @@ step() {
 }
 
 # --- 1. the GPU, and whether the CUDA backend starts on it ----------------------
-for v in "${GPU_BENCH_VOCAB:-}" build/bench/vocab/ggml-vocab-llama-{bpe,spm}.gguf \
+for v in "${GPU_BENCH_VOCAB:-}" \
+         {"$BIN"/vocab,build/bench/vocab}/ggml-vocab-llama-{bpe,spm}.gguf \
          "${OMNI_CACHE:-$HOME/.cache/ngx_omni}"/llama.cpp/models/ggml-vocab-llama-bpe.gguf; do
     [ -n "$v" ] && [ -f "$v" ] && { export VOCAB=$v; break; }
 done
