@@ -251,8 +251,9 @@ typedef struct {
     int64_t     max_cols;   // longest matrix row (input features)
     int64_t     max_ctx;    // longest sequence attention reads
     int         block_size; // tokens per KV block, the smallest of the
-                            //   caches it will serve (a device copies
-                            //   block tables of max_ctx / block_size)
+                            //   caches it will serve: a device copies up
+                            //   to ceil(max_ctx / block_size) entries of
+                            //   a block table, which must hold as many
     int         n_heads;    // query heads and head width attention runs
     int         head_dim;   //   with (a device sizes its workspace)
     int64_t     n_vocab;    // logits row length

@@ -800,8 +800,10 @@ void model_forward(const Model *m, Backend *be, const KVCache *kv,
     int64_t            n = b->n, dim = c->dim;
 
     if (be->begin != NULL) {
+        /* the buffers a recorded graph would hold: these allocations */
         be->begin(be, tokens, b, out_idx, n_out,
-                  (uint64_t) (uintptr_t) s * 31 + (uint64_t) (uintptr_t) kv);
+                  (uint64_t) (uintptr_t) s->mem * 31
+                  + (uint64_t) (uintptr_t) kv->mem);
     }
     be->embed(be, s->x, &m->tok_embd, tokens, n);
     if (c->embed_scale != 1.0f) be->scale(be, s->x, n * dim, c->embed_scale);

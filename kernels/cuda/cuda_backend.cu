@@ -118,16 +118,35 @@ static void *cuda_alloc(Backend *be, size_t bytes) {
     return dev_alloc(ctx_of(be), bytes, NULL);
 }
 
+/* Forgets every recorded graph: one may hold addresses in memory about to
+ * be freed, which a later allocation could reuse for other buffers. */
+static void drop_graphs(CudaCtx *c) {
+    for (int i = 0; i < CUDA_GRAPH_SLOTS; i++) {
+        if (c->graphs[i] != NULL) cudaGraphExecDestroy(c->graphs[i]);
+        c->graphs[i] = NULL;
+    }
+    graph_cache_init(&c->gc, c->gc.max_batch);
+}
+
+static void forget(CudaCtx *c, int i) {
+    c->used -= c->allocs[i].bytes;
+    c->allocs[i] = c->allocs[--c->n_allocs];
+}
+
 static void cuda_release(Backend *be, void *p) {
     CudaCtx *c = ctx_of(be);
 
-    for (int i = 0; p != NULL && i < c->n_allocs; i++) {
+    if (p == NULL) return;
+    for (int i = 0; i < c->n_allocs; i++) {
         if (c->allocs[i].dev != p) continue;
+        cudaStreamSynchronize(c->st);       /* no step still uses it */
+        drop_graphs(c);
         cudaFree(p);
-        c->used -= c->allocs[i].bytes;
-        c->allocs[i] = c->allocs[--c->n_allocs];
+        forget(c, i);
         return;
     }
+    fprintf(stderr, "omni-engine: CUDA backend: release of %p, which it "
+            "did not allocate (a double release?)\n", p);
 }
 
 static int64_t cuda_budget_left(Backend *be) {
@@ -167,6 +186,8 @@ static void *upload_bytes(CudaCtx *c, const void *host, size_t bytes,
     if (e != cudaSuccess) {
         snprintf(err, errlen, "copying weights to the GPU: %s",
                  cudaGetErrorString(e));
+        cudaFree(d);
+        forget(c, c->n_allocs - 1);     /* never shared: it holds nothing */
         return NULL;
     }
     return d;
@@ -250,6 +271,16 @@ static void cuda_begin(Backend *be, const int32_t *tokens,
     CudaCtx *c = ctx_of(be);
     size_t   ints;
     bool     evicted;
+
+    if (b->n < 1 || b->n > c->cfg.max_tokens || n_out < 0
+        || n_out > c->cfg.max_out)
+    {
+        fprintf(stderr, "omni-engine: CUDA backend: a step of %lld tokens "
+                "and %lld logits rows; it was sized for %lld and %lld\n",
+                (long long) b->n, (long long) n_out,
+                (long long) c->cfg.max_tokens, (long long) c->cfg.max_out);
+        abort();
+    }
 
     /* the previous step's copy may still read the pinned area */
     check("waiting for the last batch copy", cudaEventSynchronize(c->staged));
@@ -434,6 +465,12 @@ static void cuda_argmax(Backend *be, int32_t *ids, const float *logits,
 {
     CudaCtx *c = ctx_of(be);
 
+    if (n < 1 || n > c->cfg.max_out) {
+        fprintf(stderr, "omni-engine: CUDA backend: argmax of %lld rows; it "
+                "was sized for %lld\n", (long long) n,
+                (long long) c->cfg.max_out);
+        abort();
+    }
     cu_argmax(c->st, c->d_ids, logits, n, n_vocab);
     check("copying token ids", cudaMemcpyAsync(c->h_ids, c->d_ids,
                                                (size_t) n * sizeof(int32_t),

@@ -66,7 +66,9 @@
 #define MM_WORKSPACE    ((size_t) 32 << 20)     // cuBLASLt workspace bytes
 #define MM_MAX_ALGOS    64          // weight shapes (a model has ~10)
 #define MM_HEURISTICS   16          // heuristic results tried per shape
-#define MM_OUT_ALIGN    16          // alignment out must have (cu_matmul)
+#define MM_OUT_ALIGN    4           // alignment out must have (cu_matmul):
+                                    //   any f32 row, so one algorithm
+                                    //   serves every output offset
 
 /* The algorithm chosen for one F16/BF16 weight shape. align is the weight
  * pointer's alignment, which the heuristic was told: a matrix at a
@@ -622,38 +624,78 @@ static cublasStatus_t mm_candidates(CuMatmul *mm, const Matrix *w,
     return s;
 }
 
-/* One trial run at n = 1 (on the legacy stream, synchronised: this is
- * load time), so that an algorithm that checks but cannot launch fails
- * here and not in a decode step, and the kernel is loaded before any
- * graph capture. */
+/* A trial of algo at load time (legacy stream, synchronised): x gets a
+ * fixed pattern, the GEMM runs at n = max_tokens and then at n = 1, and
+ * token 0's outputs must be the same bits both times. An algorithm whose
+ * schedule follows the problem size (a K split or stream-K sized by n)
+ * fails this and is passed over, so batch invariance is checked on the
+ * device rather than assumed. It also loads the kernel before any graph
+ * capture, and an algorithm that checks but cannot launch fails here, not
+ * in a decode step. *same says whether the bits matched. */
 static cublasStatus_t mm_trial(CuMatmul *mm, const Matrix *w,
                                const cublasLtMatmulAlgo_t *algo,
-                               cudaError_t *ce)
+                               cudaError_t *ce, bool *same)
 {
+    size_t         nx = (size_t) mm->max_tokens * (size_t) w->cols;
+    size_t         rb = (size_t) w->rows * sizeof(float);
+    uint16_t      *hx = (uint16_t *) malloc(nx * sizeof(uint16_t));
+    float         *all = (float *) malloc(rb), *one = (float *) malloc(rb);
     float         *out = NULL;
-    cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
+    cublasStatus_t s = CUBLAS_STATUS_ALLOC_FAILED;
 
-    *ce = cudaMalloc((void **) &out, (size_t) w->rows * sizeof(float));
-    if (*ce == cudaSuccess) {
-        *ce = cudaMemset(mm->xh, 0, (size_t) w->cols * sizeof(uint16_t));
+    *same = false;
+    *ce = cudaSuccess;
+    if (hx == NULL || all == NULL || one == NULL) goto done;
+    for (size_t i = 0; i < nx; i++) {
+        float v = (float) ((uint32_t) (i * 2654435761u) >> 21) / 1024.0f
+                  - 1.0f;
+
+        hx[i] = w->type == DT_F16 ? f32_to_f16(v)
+                                  : (uint16_t) (f32_bits(v) >> 16);
     }
+    *ce = cudaMemcpy(mm->xh, hx, nx * sizeof(uint16_t),
+                     cudaMemcpyHostToDevice);
     if (*ce == cudaSuccess) {
+        *ce = cudaMalloc((void **) &out, rb * (size_t) mm->max_tokens);
+    }
+    if (*ce != cudaSuccess) goto done;
+    s = mm_gemm(mm, 0, out, mm->max_tokens, w, algo);
+    if (s == CUBLAS_STATUS_SUCCESS
+        && (*ce = cudaStreamSynchronize(0)) == cudaSuccess
+        && (*ce = cudaMemcpy(all, out, rb, cudaMemcpyDeviceToHost))
+           == cudaSuccess)
+    {
         s = mm_gemm(mm, 0, out, 1, w, algo);
-        *ce = cudaStreamSynchronize(0);
     }
+    if (s == CUBLAS_STATUS_SUCCESS && *ce == cudaSuccess
+        && (*ce = cudaStreamSynchronize(0)) == cudaSuccess
+        && (*ce = cudaMemcpy(one, out, rb, cudaMemcpyDeviceToHost))
+           == cudaSuccess)
+    {
+        *same = memcmp(one, all, rb) == 0;
+    }
+
+done:
     if (out != NULL) cudaFree(out);
+    free(hx);
+    free(all);
+    free(one);
     return s;
 }
 
 /* The first candidate that runs with one K split at both n = 1 and
- * n = max_tokens: first among those the heuristic offers without split-K
- * reduction, then among all (split-K forced off). */
+ * n = max_tokens and gives token 0 the same bits at both (mm_trial): first
+ * among those the heuristic offers without split-K reduction, then among
+ * all (split-K forced off). *ce reports a CUDA failure of the trials;
+ * CUBLAS_STATUS_NOT_SUPPORTED means no candidate was batch-invariant. */
 static cublasStatus_t mm_pick(CuMatmul *mm, const Matrix *w,
-                              cublasLtMatmulAlgo_t *algo)
+                              cublasLtMatmulAlgo_t *algo, cudaError_t *ce)
 {
     cublasLtMatmulHeuristicResult_t res[MM_HEURISTICS];
     cublasStatus_t                  s = CUBLAS_STATUS_NOT_SUPPORTED;
+    bool                            same;
 
+    *ce = cudaSuccess;
     for (int only_none = 1; only_none >= 0; only_none--) {
         int            got = 0;
         cublasStatus_t hs = mm_candidates(mm, w, only_none, res, &got);
@@ -664,7 +706,11 @@ static cublasStatus_t mm_pick(CuMatmul *mm, const Matrix *w,
             *algo = res[i].algo;
             s = mm_check(mm, w, mm->max_tokens, algo);
             if (s == CUBLAS_STATUS_SUCCESS) s = mm_check(mm, w, 1, algo);
-            if (s == CUBLAS_STATUS_SUCCESS) return s;
+            if (s != CUBLAS_STATUS_SUCCESS) continue;
+            s = mm_trial(mm, w, algo, ce, &same);
+            if (*ce != cudaSuccess) return s;
+            if (s == CUBLAS_STATUS_SUCCESS && same) return s;
+            s = CUBLAS_STATUS_NOT_SUPPORTED;
         }
     }
     return s;
@@ -838,20 +884,19 @@ int cu_matmul_prepare(CuMatmul *mm, const Matrix *w, char *err,
     }
 
     a = &mm->algos[mm->n_algos];
-    s = mm_pick(mm, w, &a->algo);
-    if (s != CUBLAS_STATUS_SUCCESS) {
-        mm_err(err, errlen, "matmul: no cuBLASLt algorithm for %s %lldx%lld "
-               "without split-K (status %s)", dtype_name(w->type),
-               (long long) w->rows, (long long) w->cols,
-               cublasLtGetStatusName(s));
+    s = mm_pick(mm, w, &a->algo, &ce);
+    if (ce != cudaSuccess) {
+        mm_err(err, errlen, "matmul: cuBLASLt trial run for %s %lldx%lld "
+               "failed: %s", dtype_name(w->type), (long long) w->rows,
+               (long long) w->cols, cudaGetErrorString(ce));
         return -1;
     }
-    s = mm_trial(mm, w, &a->algo, &ce);
-    if (s != CUBLAS_STATUS_SUCCESS || ce != cudaSuccess) {
-        mm_err(err, errlen, "matmul: cuBLASLt trial run for %s %lldx%lld "
-               "failed (status %s, %s)", dtype_name(w->type),
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        mm_err(err, errlen, "matmul: no cuBLASLt algorithm for %s %lldx%lld "
+               "without split-K that gives a token the same result at any "
+               "batch size (status %s)", dtype_name(w->type),
                (long long) w->rows, (long long) w->cols,
-               cublasLtGetStatusName(s), cudaGetErrorString(ce));
+               cublasLtGetStatusName(s));
         return -1;
     }
     a->type = w->type;
@@ -876,12 +921,14 @@ void cu_matmul(CuMatmul *mm, cudaStream_t st, float *out, const float *x,
     }
 
     a = mm_find(mm, w);
-    if (a == NULL || n > mm->max_tokens || !aligned16(out)) {
+    if (a == NULL || n > mm->max_tokens
+        || ((uintptr_t) out & (MM_OUT_ALIGN - 1)) != 0)
+    {
         mm_die("cu_matmul: %s %lldx%lld at n = %lld: %s", dtype_name(w->type),
                (long long) w->rows, (long long) w->cols, (long long) n,
                a == NULL ? "not prepared (or not a CUDA matmul type)"
                : n > mm->max_tokens ? "more tokens than planned"
-               : "out is not 16-byte aligned");
+               : "out is not 4-byte aligned");
     }
     mm_round_launch(st, mm->xh, x, n * w->cols, w->type == DT_BF16);
     s = mm_gemm(mm, st, out, n, w, &a->algo);
