@@ -19,7 +19,6 @@
 use strict;
 use warnings;
 use Test::More;
-use TAP::Parser;
 require './t/engine/lib.pl';
 our ($MODEL);
 
@@ -83,20 +82,7 @@ SKIP: {
         my ($name, @exec) = @$test;
         subtest "$name with OMNI_BACKEND=cuda" => sub {
             local $ENV{OMNI_BACKEND} = 'cuda';
-            my $p = TAP::Parser->new({ exec => \@exec, merge => 1 });
-            while (my $r = $p->next) {
-                if ($r->is_test) {
-                    if ($r->has_skip) {
-                        pass($r->description . ' # skipped: '
-                             . $r->explanation);
-                    } else {
-                        ok($r->is_ok, $r->description);
-                    }
-                } elsif ($r->is_comment
-                         || ($r->is_unknown && $r->as_string ne '')) {
-                    note($r->as_string);
-                }
-            }
+            my $p = replay_tap(@exec);
             is($p->exit, 0, "$name exits 0");
             ok($p->tests_run > 0, "$name ran tests");
         };

@@ -6,7 +6,6 @@
 use strict;
 use warnings;
 use Test::More;
-use TAP::Parser;
 require './t/engine/lib.pl';
 our ($ENGINE, $MODEL);
 
@@ -42,24 +41,7 @@ for my $isa (qw(avx512 avx2 neon ref)) {
             # quants.t's main pass compares two prompts per file; one
             # proves another set's kernels against llama.cpp's as well
             local $ENV{OMNI_QUANT_PROMPTS} = 1;
-            my $p = TAP::Parser->new({
-                exec => [$^X, "t/engine/$suite.t"],
-                merge => 1,
-            });
-            while (my $r = $p->next) {
-                if ($r->is_test) {
-                    if ($r->has_skip) {
-                        pass($r->description . ' # skipped: '
-                             . $r->explanation);
-                    } else {
-                        ok($r->is_ok, $r->description);
-                    }
-                } elsif ($r->is_comment) {
-                    note($r->as_string);
-                } elsif ($r->is_unknown && $r->as_string ne '') {
-                    note($r->as_string);
-                }
-            }
+            my $p = replay_tap($^X, "t/engine/$suite.t");
             is($p->exit, 0, "$suite.t exits 0");
             ok($p->tests_run > 0, "$suite.t ran tests");
         };

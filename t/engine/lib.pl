@@ -62,6 +62,30 @@ sub run_engine {
 }
 
 # The llama.cpp checkout the tests read vectors from (t/fetch-llama-src).
+# Runs a TAP program (the command in @exec) and replays its results as
+# tests of the caller's (a subtest, usually): each test as it passed or
+# failed, a skip as a pass saying so, comments as notes. Returns the
+# parser, for its exit status and count.
+sub replay_tap {
+    my (@exec) = @_;
+    require TAP::Parser;
+    my $p = TAP::Parser->new({ exec => \@exec, merge => 1 });
+    while (my $r = $p->next) {
+        if ($r->is_test) {
+            if ($r->has_skip) {
+                Test::More::pass($r->description . ' # skipped: '
+                                 . $r->explanation);
+            } else {
+                Test::More::ok($r->is_ok, $r->description);
+            }
+        } elsif ($r->is_comment
+                 || ($r->is_unknown && $r->as_string ne '')) {
+            Test::More::note($r->as_string);
+        }
+    }
+    return $p;
+}
+
 sub llama_src {
     return $ENV{OMNI_LLAMA_SRC} if $ENV{OMNI_LLAMA_SRC};
     my @lines = `t/fetch-llama-src`;
