@@ -218,14 +218,16 @@ static void apply_bias(const Sampler *s, float *logits) {
     }
 }
 
-/* Lowest id among the highest logits; NaN never wins. The maximum lives
- * in a local: comparing against logits[best] makes every iteration wait
- * for the previous one's load (5x slower at 150k). */
+/* Lowest id among the highest logits; NaN never wins, not even at id 0
+ * (a CUDA backend's device argmax picks the same; a row with nothing but
+ * NaN gives 0). The maximum lives in a local: comparing against
+ * logits[best] makes every iteration wait for the previous one's load (5x
+ * slower at 150k). */
 static int32_t argmax(const float *logits, int32_t n) {
     int32_t best = 0;
-    float   max = logits[0];
+    float   max = -INFINITY;
 
-    for (int32_t i = 1; i < n; i++) {
+    for (int32_t i = 0; i < n; i++) {
         if (logits[i] > max) {
             max = logits[i];
             best = i;

@@ -26,6 +26,7 @@
  *   3. the KV pool and activations come from device memory and go back to
  *      it, and running out of it is an error that says so. */
 
+#include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -442,9 +443,14 @@ static void d_argmax(Backend *be, int32_t *ids, const float *logits,
     for (int64_t r = 0; r < n; r++) {
         const float *row = logits + r * n_vocab;
 
+        float max = -INFINITY;
+
         ids[r] = 0;
-        for (int32_t i = 1; i < n_vocab; i++) {
-            if (row[i] > row[ids[r]]) ids[r] = i;
+        for (int32_t i = 0; i < n_vocab; i++) {
+            if (row[i] > max) {
+                max = row[i];
+                ids[r] = i;
+            }
         }
     }
 }

@@ -273,6 +273,12 @@ static void test_greedy(void **state) {
     }
     logits[1] = 3.5f;
     assert_int_equal(sample_copy(&s, logits, 6), 1);
+    /* NaN never wins, at id 0 either (as the CUDA argmax); all NaN: 0 */
+    logits[0] = NAN;
+    logits[1] = NAN;
+    assert_int_equal(sample_copy(&s, logits, 6), 3);
+    for (int i = 0; i < 6; i++) logits[i] = NAN;
+    assert_int_equal(sample_copy(&s, logits, 6), 0);
     sampler_free(&s);
 }
 
