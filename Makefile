@@ -510,15 +510,17 @@ $(BUILD)/fuzz/fuzz_%: t/fuzz/fuzz_%.c $(wildcard engine/*/*.h kernels/*.h)
 	    -fsanitize=fuzzer,address,undefined -o $@ $< $(FUZZ_SRCS_$*) \
 	    $(FUZZ_LIBS_$*) -lpcre2-8 -lyajl -lm
 
+# The CPU benchmarks run on the CPU whatever the machine has (their peer is
+# llama.cpp on the CPU); bench/gpu.sh is the GPU's.
 bench: all $(BUILD)/bench/bench_kernels $(BUILD)/bench/loadgen \
        $(BUILD)/ngx_omni_module.so
 	$(call apt_ensure,$(BENCH_PKGS) nginx)
 	$(MAKE) $(BUILD)/bench/asr $(BUILD)/bench/flite_say
-	bench/run
-	bench/nginx
-	bench/speech
-	bench/listen
-	bench/route
+	OMNI_BACKEND=cpu bench/run
+	OMNI_BACKEND=cpu bench/nginx
+	OMNI_BACKEND=cpu bench/speech
+	OMNI_BACKEND=cpu bench/listen
+	OMNI_BACKEND=cpu bench/route
 
 clean:
 	rm -rf $(BUILD)
