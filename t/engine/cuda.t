@@ -23,7 +23,11 @@ require './t/engine/lib.pl';
 our ($MODEL);
 
 my @suites = qw(reference serve_batch);
-my @units = grep { -x } glob('build/t/test_cuda*');
+# the CUDA unit tests beside the engine's build: build/t/, or the GPU
+# bundle's t/ (bench/gpu.sh bundle)
+our ($ENGINE);
+(my $bindir = $ENGINE) =~ s{/[^/]*\z}{};
+my @units = grep { -x } glob("$bindir/t/test_cuda*");
 
 # the backend each check below names, not one from the caller's environment
 delete $ENV{OMNI_BACKEND};
