@@ -71,6 +71,25 @@ delete $ENV{OMNI_BACKEND};
         or diag $err;
 }
 
+# --- the plugin: built wherever nvcc is (CI compiles the CUDA code) ------------
+{
+    my $nvcc = `sh -c 'command -v nvcc' 2>/dev/null`;
+    chomp $nvcc;
+    $nvcc = '/usr/local/cuda/bin/nvcc' if $nvcc eq ''
+                                          && -x '/usr/local/cuda/bin/nvcc';
+    my $lib = "$bindir/omni-cuda.so";
+    SKIP: {
+        skip('no nvcc on this machine: make builds no CUDA plugin', 2)
+            if $nvcc eq '';
+        ok(-f $lib, "nvcc is here ($nvcc), so make built $lib");
+        my @syms = grep { / [TDB] / } split /\n/,
+                   `nm -D --defined-only '$lib' 2>&1`;
+        is_deeply([map { (split ' ')[-1] } @syms], ['omni_cuda_backend_new'],
+                  'it exports its entry point and nothing else')
+            or diag explain \@syms;
+    }
+}
+
 # --- the suites on the device ---------------------------------------------------
 my ($rc, $out, $err) = run_engine('bench', '--backend', 'cuda', '--model',
                                   $MODEL, '--n-prompt', 1, '--n-gen', 1,
