@@ -111,6 +111,14 @@ uint64_t kv_block_hash(uint64_t parent, const int32_t *tokens, int n) {
 // ---------------------------------------------------------------------------
 // Pool setup
 
+int64_t kv_blocks_fit(int64_t left, uint64_t reserved, uint64_t block_bytes)
+{
+    if (left < 0 || block_bytes == 0 || (uint64_t) left <= reserved) {
+        return 0;
+    }
+    return (int64_t) (((uint64_t) left - reserved) / block_bytes);
+}
+
 uint64_t kv_block_bytes(int n_layers, int n_kv_heads, int head_dim,
                         int block_size)
 {

@@ -89,6 +89,10 @@ void     kv_free(KVCache *kv);
  * budget. */
 uint64_t kv_block_bytes(int n_layers, int n_kv_heads, int head_dim,
                         int block_size);
+/* Blocks of block_bytes that fit in a device budget with left bytes still
+ * free, after reserved bytes for what else must come out of it (the
+ * activations): 0 when none do. */
+int64_t  kv_blocks_fit(int64_t left, uint64_t reserved, uint64_t block_bytes);
 
 /* Takes a block for new data, ref 1: the free stack first, else the least
  * recently used cached block (unpublished first, so it leaves the cache).

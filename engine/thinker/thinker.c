@@ -567,18 +567,18 @@ static int load_model(Thinker *t, Err *err) {
     return 0;
 }
 
-/* MiB of a device backend's budget the pool may take: what is left after
- * the weights, less the scheduler's activations and the warm-up's own
- * forward (one block, one token). */
+/* MiB of a device backend's budget the pool may take: whole blocks of
+ * what is left after the weights, less the scheduler's activations and
+ * the warm-up's own forward (one block, one token). */
 static double device_pool_mb(Thinker *t, uint64_t block_bytes) {
     const ModelConfig *c = &t->rt.m.c;
     Backend           *be = t->rt.be;
-    double             left = (double) be->budget_left(be);
+    uint64_t           act = runstate_bytes(c, t->cfg->max_batch_tokens,
+                                            t->cfg->max_seqs)
+                             + runstate_bytes(c, 1, 1) + block_bytes;
 
-    left -= (double) runstate_bytes(c, t->cfg->max_batch_tokens,
-                                    t->cfg->max_seqs);
-    left -= (double) (runstate_bytes(c, 1, 1) + block_bytes);
-    return left > 0 ? left / 1048576.0 : 0.0;
+    return (double) kv_blocks_fit(be->budget_left(be), act, block_bytes)
+           * (double) block_bytes / 1048576.0;
 }
 
 /* Blocks in the pool: what cfg->kv_cache_mb holds (when 0: 1024 MiB on

@@ -40,15 +40,6 @@ int cuda_plan_budget(uint64_t total, uint64_t free_now, double fraction,
     return 0;
 }
 
-int64_t cuda_plan_kv_blocks(int64_t left, uint64_t act_bytes,
-                            uint64_t block_bytes)
-{
-    if (left < 0 || block_bytes == 0 || (uint64_t) left <= act_bytes) {
-        return 0;
-    }
-    return (int64_t) (((uint64_t) left - act_bytes) / block_bytes);
-}
-
 
 /* ---- Attention ------------------------------------------------------- */
 

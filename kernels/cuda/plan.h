@@ -33,11 +33,6 @@ extern "C" {
 int cuda_plan_budget(uint64_t total, uint64_t free_now, double fraction,
                      uint64_t *budget, char *err, size_t errlen);
 
-/* KV blocks that fit in left bytes after act_bytes of activations:
- * 0 when none do. */
-int64_t cuda_plan_kv_blocks(int64_t left, uint64_t act_bytes,
-                            uint64_t block_bytes);
-
 /* ---- Attention ------------------------------------------------------- */
 
 #define CUDA_ATTN_MIN_CHUNK     256

@@ -2,7 +2,7 @@
  * how a backend is chosen:
  *
  *   - the memory budget from --gpu-memory-fraction and what the device
- *     reports (kernels/cuda/plan.c), and the KV blocks that fit;
+ *     reports (kernels/cuda/plan.c);
  *   - attention's split of a context (pieces of a multiple of 32
  *     positions, at most 32 of them, covering max_ctx);
  *   - the decode-graph cache: a size recorded on its second sighting,
@@ -72,18 +72,6 @@ static void test_budget(void **state) {
                                       sizeof(err)), -1);
     assert_non_null(strstr(err, "CUDA context"));
 }
-
-static void test_kv_blocks(void **state) {
-    (void) state;
-    assert_int_equal(cuda_plan_kv_blocks(1000, 100, 300), 3);
-    assert_int_equal(cuda_plan_kv_blocks(1000, 1000, 1), 0);
-    assert_int_equal(cuda_plan_kv_blocks(1000, 2000, 1), 0);
-    assert_int_equal(cuda_plan_kv_blocks(-5, 0, 1), 0);
-    assert_int_equal(cuda_plan_kv_blocks(1000, 0, 0), 0);
-    assert_true(cuda_plan_kv_blocks(100 * (int64_t) GIB, GIB, 2u << 20)
-                == (int64_t) (99 * GIB / (2u << 20)));
-}
-
 
 /* ---- Attention ------------------------------------------------------- */
 
@@ -286,7 +274,6 @@ static __attribute__((unused)) void test_real_plugin(void **state) {
 int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_budget),
-        cmocka_unit_test(test_kv_blocks),
         cmocka_unit_test(test_attn_shape),
         cmocka_unit_test(test_graph_sightings),
         cmocka_unit_test(test_graph_lru),

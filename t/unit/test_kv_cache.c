@@ -587,8 +587,22 @@ static void test_stress(void **state) {
     kv_free(&kv);
 }
 
+/* A pool sized from a device budget: whole blocks of what is left after
+ * the reserve, none when the reserve takes it all. */
+static void test_blocks_fit(void **state) {
+    (void) state;
+    assert_int_equal(kv_blocks_fit(1000, 100, 300), 3);
+    assert_int_equal(kv_blocks_fit(1000, 1000, 1), 0);
+    assert_int_equal(kv_blocks_fit(1000, 2000, 1), 0);
+    assert_int_equal(kv_blocks_fit(-5, 0, 1), 0);
+    assert_int_equal(kv_blocks_fit(1000, 0, 0), 0);
+    assert_true(kv_blocks_fit(100LL << 30, 1ULL << 30, 2u << 20)
+                == (int64_t) ((99ULL << 30) / (2u << 20)));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_blocks_fit),
         cmocka_unit_test(test_alloc_release),
         cmocka_unit_test(test_layer_views),
         cmocka_unit_test(test_init_invalid),
