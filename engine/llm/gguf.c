@@ -491,6 +491,19 @@ void gguf_seal(GGUF *g) {
     g->writable = false;
 }
 
+void gguf_drop_data(GGUF *g) {
+    long      page = sysconf(_SC_PAGESIZE);
+    uintptr_t start, end;
+
+    if (g->region == NULL || page <= 0) return;
+    start = ((uintptr_t) g->base + g->data_offset + (uintptr_t) page - 1)
+            & ~((uintptr_t) page - 1);
+    end = ((uintptr_t) g->base + g->size) & ~((uintptr_t) page - 1);
+    if (end > start) {
+        (void) madvise((void *) start, end - start, MADV_DONTNEED);
+    }
+}
+
 int gguf_open(GGUF *g, const char *path, Err *err) {
     return gguf_load(g, path, GGUF_MAP, err);
 }

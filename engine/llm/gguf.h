@@ -126,6 +126,14 @@ int  gguf_open(GGUF *g, const char *path, Err *err);
  * Can't fail (a kernel refusing the protection only loses it). */
 void gguf_seal(GGUF *g);
 
+/* Gives the tensor data's memory back (madvise MADV_DONTNEED, whole pages
+ * after the metadata): a private copy's pages are freed and read as zeros
+ * from then on, a mapping's are dropped from the process and read from the
+ * file again if touched. For a model whose weights a device holds (its
+ * host copy is never read again: 16 GB for an 8B F16 file). Metadata,
+ * names and strings stay. Can't fail; no-op on a caller's buffer. */
+void gguf_drop_data(GGUF *g);
+
 /* The same over a caller-owned buffer (the fuzzer's input); buf must outlive
  * g. name is used in error messages. */
 int  gguf_open_buffer(GGUF *g, const void *buf, size_t size, const char *name,

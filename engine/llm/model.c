@@ -614,6 +614,7 @@ int model_place(Model *m, Backend *be, Err *err) {
         return err_set(err, "%s", msg);
     }
     gguf_seal(&m->gguf);
+    gguf_drop_data(&m->gguf);       /* the device holds every weight now */
     return 0;
 }
 

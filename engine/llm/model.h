@@ -121,8 +121,9 @@ typedef struct {
  * shape mismatch). On failure nothing needs freeing. */
 int  model_load(Model *m, const char *path, GGUFLoad how, Err *err);
 /* Puts m's weights where be's ops read them: a device backend
- * (be->upload) gets a copy of every matrix and vector, and m's pointers
- * are then its device copies; a host backend may repack them
+ * (be->upload) gets a copy of every matrix and vector, m's pointers are
+ * then its device copies, and the host's tensor data is given back
+ * (gguf_drop_data); a host backend may repack them
  * (model_repack). Call once, after model_use_context, before the first
  * forward; from then on only be runs m. Returns -1 with err set when a
  * weight type is one be does not run or its memory runs out. */

@@ -840,6 +840,48 @@ static void test_scheduler(void **state) {
 }
 
 
+/* ---- 2b. the host copy given back --------------------------------------- */
+
+/* Once the device holds the weights, a private copy's tensor pages are
+ * freed (they read as zeros), the device copy keeps the bytes, and the
+ * model still runs. */
+static void test_host_copy_dropped(void **state) {
+    Model             m;
+    Backend          *be = dev_new(64 << 20, MAX_TOK, CTX);
+    Err               err;
+    const GGUFTensor *t;
+    uint8_t          *was;
+    size_t            mid, len = 4096;
+
+    (void) state;
+    if (model_load(&m, model_path(), GGUF_COPY, &err) != 0) {
+        fail_msg("%s", err.msg);
+    }
+    t = gguf_find_tensor(&m.gguf, "token_embd.weight");
+    assert_non_null(t);
+    assert_true(t->nbytes > 3 * len);
+    mid = (size_t) t->nbytes / 2 / len * len;
+    was = malloc(len);
+    memcpy(was, (const uint8_t *) t->data + mid, len);
+    {
+        size_t nz = 0;
+
+        for (size_t i = 0; i < len; i++) nz += was[i] != 0;
+        assert_true(nz > len / 2);      /* weights, so zeros would show */
+    }
+    assert_int_equal(model_place(&m, be, &err), 0);
+    for (size_t i = 0; i < len; i++) {
+        if (((const uint8_t *) t->data)[mid + i] != 0) {
+            fail_msg("host byte %zu of the embedding is still there", i);
+        }
+    }
+    assert_memory_equal((const uint8_t *) m.tok_embd.data + mid, was, len);
+    free(was);
+    model_free(&m);
+    be->free(be);
+}
+
+
 /* ---- 3. KV pool and activations in device memory ----------------------- */
 
 static void test_memory(void **state) {
@@ -917,6 +959,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_families),
         cmocka_unit_test(test_scheduler),
+        cmocka_unit_test(test_host_copy_dropped),
         cmocka_unit_test(test_memory),
     };
 
