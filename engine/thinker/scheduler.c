@@ -646,11 +646,11 @@ static void seq_finish(Scheduler *s, Seq *q, OmniFinish finish) {
     q->done = true;
 }
 
-/* Runs decode.h's step on q's logits row. A taken token joins q's tokens
- * (it runs in the next step unless the sequence ended); an end of
- * generation, a stop string or a limit finishes q. */
-/* Output row o's token: the device's argmax (ids, when the backend has
- * one) for a greedy sequence, else sampled from the row on the host. */
+/* Runs decode.h's step on output row o: a plain-greedy sequence takes the
+ * device's argmax (ids, when the backend has one), any other samples the
+ * row on the host. A taken token joins q's tokens (it runs in the next
+ * step unless the sequence ended); an end of generation, a stop string or
+ * a limit finishes q. */
 static void seq_sample(Scheduler *s, Seq *q, int64_t o, const int32_t *ids)
 {
     SeqOut    so = { s, q->id };
