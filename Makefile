@@ -341,15 +341,10 @@ unit: $(UNIT_BINS) $(if $(CROSS),,$(ASAN_BINS) $(TSAN_BINS))
 
 # Stand-ins for the CUDA plugin that test_cuda_plan loads through
 # backend_new (t/unit/fake_cuda_plugin.c).
-unit: $(BUILD)/t/fake-cuda.so $(BUILD)/t/fake-noentry.so \
-      $(BUILD)/t/fakedrv/libcuda.so.1
+unit: $(BUILD)/t/fake-cuda.so $(BUILD)/t/fake-noentry.so
 $(BUILD)/t/fake-cuda.so: t/unit/fake_cuda_plugin.c kernels/kernels.h
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -fPIC -shared $(KERNEL_INCS) -o $@ $<
-# a "driver" for backend_new to find (test_cuda_plan puts it on its path)
-$(BUILD)/t/fakedrv/libcuda.so.1: $(BUILD)/t/fake-noentry.so
-	@mkdir -p $(@D)
-	cp $< $@
 $(BUILD)/t/fake-noentry.so: t/unit/fake_cuda_plugin.c
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -fPIC -shared -DFAKE_NO_ENTRY $(KERNEL_INCS) -o $@ $<

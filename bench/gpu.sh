@@ -75,10 +75,10 @@ if [ "${1:-}" = bundle ]; then
         { echo "gpu.sh bundle: no nvcc, so no omni-cuda.so" >&2; exit 1; }
     TESTS=(t/test_cuda_kernels t/test_cuda_plan t/test_model)
     FILES=(omni-engine omni-cuda.so bench/loadgen "${TESTS[@]}"
-           t/fake-cuda.so t/fake-noentry.so t/fakedrv/libcuda.so.1)
+           t/fake-cuda.so t/fake-noentry.so)
     make -j"$(nproc)" BUILD=$B SPEECH=0 "${FILES[@]/#/$B/}"
     rm -rf "$OUTB"
-    mkdir -p "$OUTB"/{bench,t/fakedrv,lib,vocab,models}
+    mkdir -p "$OUTB"/{bench,t,lib,vocab,models}
     for f in "${FILES[@]}"; do strip --strip-debug -o "$OUTB/$f" "$B/$f"; done
     # what they link beyond glibc, libgcc_s, libstdc++ and CUDA's own
     sys='^(linux-vdso|libc|libm|libmvec|libpthread|libdl|librt|libresolv|'

@@ -53,7 +53,10 @@ static bool driver_present(void) {
 }
 
 /* The CUDA backend, or NULL with err saying what is missing. The plugin
- * stays loaded for the process's life (its code backs the Backend). */
+ * stays loaded for the process's life (its code backs the Backend). The
+ * driver is looked for first only for the plugin found beside the
+ * executable: one OMNI_CUDA_LIB names is loaded and asked, whatever it
+ * is. */
 static Backend *cuda_new(const BackendConfig *cfg, char *err, size_t errlen)
 {
     char          path[PATH_MAX];
@@ -73,7 +76,7 @@ static Backend *cuda_new(const BackendConfig *cfg, char *err, size_t errlen)
                    "was not found when it was built)", path);
         return NULL;
     }
-    if (!driver_present()) {
+    if (getenv("OMNI_CUDA_LIB") == NULL && !driver_present()) {
         snprintf(err, errlen, "no NVIDIA driver (libcuda.so.1 not found): "
                  "no GPU on this machine, or its driver is not installed");
         return NULL;
