@@ -168,7 +168,9 @@ CUDA_GENCODE = $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)
 CUDA_SRCS   := $(wildcard kernels/cuda/*.cu)
 CUDA_OBJS   := $(CUDA_SRCS:%.cu=$(BUILD)/cuda/%.o) \
                $(BUILD)/cuda/kernels/cuda/plan.o $(BUILD)/cuda/kernels/dtype.o
-CUDA_PLUGIN := $(if $(CROSS),,$(if $(NVCC),$(BUILD)/omni-cuda.so))
+# nvcc compiles host code with g++: without it there is no plugin either
+CUDA_PLUGIN := $(if $(CROSS),,$(if $(NVCC),$(if $(shell command -v g++ \
+                   2>/dev/null),$(BUILD)/omni-cuda.so)))
 
 all: $(BUILD)/omni-engine $(CUDA_PLUGIN) \
      $(if $(filter 0,$(SPEECH)),,$(if $(wildcard $(NGX_SRC)/configure), \

@@ -278,34 +278,36 @@ static char *render_chat(const Runtime *rt, const char *system,
     return buf;
 }
 
-/* --isa, else OMNI_ISA (so a whole test run can force a kernel set), else
- * auto. */
-static const char *isa_option(const Opts *o) {
-    static const char *isas[] = { "auto", "avx512", "avx2", "neon", "ref" };
-    const char        *env = getenv("OMNI_ISA");
-    const char        *s = opt_str(o, "isa", env != NULL && env[0] != '\0'
-                                             ? env : "auto");
+/* --NAME, else the environment variable env (so a whole test run can
+ * force a kernel set or a backend), else names[0]; a value not among names
+ * dies, listing them as list says. */
+static const char *choice_option(const Opts *o, const char *name,
+                                 const char *env, const char *const *names,
+                                 size_t n, const char *list)
+{
+    const char *e = getenv(env);
+    const char *s = opt_str(o, name, e != NULL && e[0] != '\0' ? e
+                                                                 : names[0]);
 
-    for (size_t i = 0; i < sizeof(isas) / sizeof(isas[0]); i++) {
-        if (strcmp(s, isas[i]) == 0) return s;
-    }
-    die("option '--isa' (or OMNI_ISA) must be auto, avx512, avx2, neon or "
-        "ref, not '%s'", s);
-}
-
-/* --backend, else OMNI_BACKEND (a whole test run can ask for CUDA), else
- * auto. */
-static const char *backend_option(const Opts *o) {
-    static const char *names[] = { "auto", "cpu", "cuda" };
-    const char        *env = getenv("OMNI_BACKEND");
-    const char        *s = opt_str(o, "backend", env != NULL && env[0] != '\0'
-                                                 ? env : "auto");
-
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+    for (size_t i = 0; i < n; i++) {
         if (strcmp(s, names[i]) == 0) return s;
     }
-    die("option '--backend' (or OMNI_BACKEND) must be auto, cpu or cuda, "
-        "not '%s'", s);
+    die("option '--%s' (or %s) must be %s, not '%s'", name, env, list, s);
+}
+
+static const char *isa_option(const Opts *o) {
+    static const char *const isas[] = { "auto", "avx512", "avx2", "neon",
+                                        "ref" };
+
+    return choice_option(o, "isa", "OMNI_ISA", isas, 5,
+                         "auto, avx512, avx2, neon or ref");
+}
+
+static const char *backend_option(const Opts *o) {
+    static const char *const names[] = { "auto", "cpu", "cuda" };
+
+    return choice_option(o, "backend", "OMNI_BACKEND", names, 3,
+                         "auto, cpu or cuda");
 }
 
 static double gpu_fraction_option(const Opts *o) {

@@ -661,16 +661,22 @@ void model_free(Model *m) {
 
 /* ---- Activations ------------------------------------------------------- */
 
+/* The widest activation row: max(dim, n_heads*head_dim, ffn_dim). */
+static int64_t runstate_wide(const ModelConfig *c) {
+    int64_t qd = (int64_t) c->n_heads * c->head_dim;
+    int64_t wide = c->ffn_dim > c->dim ? c->ffn_dim : c->dim;
+
+    return wide > qd ? wide : qd;
+}
+
 /* Floats of the buffers, all in one allocation. */
 static int64_t runstate_floats(const ModelConfig *c, int64_t max_tokens,
                                int64_t max_out)
 {
     int64_t qd = (int64_t) c->n_heads * c->head_dim;
     int64_t kvd = (int64_t) c->n_kv_heads * c->head_dim;
-    int64_t wide = c->ffn_dim;
+    int64_t wide = runstate_wide(c);
 
-    wide = wide > c->dim ? wide : c->dim;
-    wide = wide > qd ? wide : qd;
     return max_tokens * (c->dim + wide + qd + 2 * kvd + 2 * wide)
            + max_out * ((int64_t) c->dim + c->n_vocab);
 }
@@ -687,12 +693,10 @@ int runstate_init(RunState *s, const ModelConfig *c, int64_t max_tokens,
 {
     int64_t qd = (int64_t) c->n_heads * c->head_dim;
     int64_t kvd = (int64_t) c->n_kv_heads * c->head_dim;
-    int64_t wide = c->ffn_dim;
+    int64_t wide = runstate_wide(c);
     size_t  bytes = runstate_bytes(c, max_tokens, max_out);
     float  *p;
 
-    wide = wide > c->dim ? wide : c->dim;
-    wide = wide > qd ? wide : qd;
     memset(s, 0, sizeof(*s));
     s->be = be != NULL && be->alloc != NULL ? be : NULL;
     s->mem = s->be != NULL ? s->be->alloc(s->be, bytes)
